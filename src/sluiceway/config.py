@@ -1,0 +1,56 @@
+"""Frozen, validated configuration for the engine and the server."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: int | float | None) -> None:  # type: ignore[type-arg]
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """Scheduling and KV-cache limits of one engine.
+
+    `max_model_len=None` takes the model's own context length. The KV cache is
+    `num_kv_blocks` blocks of `block_size` tokens when given, else as many as fit in
+    `kv_cache_memory_bytes`. `max_waiting` bounds the requests queued but not yet
+    running; past it `Engine.generate` raises `QueueFullError`.
+    """
+
+    max_model_len: int | None = attrs.field(default=None, validator=_positive)
+    max_num_seqs: int = attrs.field(default=64, validator=_positive)
+    max_num_batched_tokens: int = attrs.field(default=1024, validator=_positive)
+    block_size: int = attrs.field(default=16, validator=_positive)
+    num_kv_blocks: int | None = attrs.field(default=None, validator=_positive)
+    kv_cache_memory_bytes: int = attrs.field(default=1 << 30, validator=_positive)
+    max_waiting: int = attrs.field(default=256, validator=_positive)
+    enable_prefix_caching: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """Which model to load. `model=None` is the embedded default (SmolLM2-135M-Instruct)."""
+
+    model: str | None = None
+    dtype: DType = "auto"
+    served_model_name: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """HTTP-side settings. `request_timeout=None` lets a request run as long as it needs."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    request_timeout: float | None = attrs.field(default=None, validator=_positive)
+    api_keys: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    drain_grace_seconds: float = attrs.field(default=30.0, validator=_positive)
+    max_body_bytes: int = attrs.field(default=4 << 20, validator=_positive)
