@@ -1,0 +1,241 @@
+"""The synchronous engine core: requests in, one model step at a time, deltas out.
+
+No trio and no torch here. The trio `Engine` owns one `EngineCore` and is the only
+caller of its methods; `step` runs in a worker thread while the event loop keeps
+serving, so scheduling, detokenization and stop checks never stall other streams.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from sluiceway.engine.batch import ModelRunner, SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.block_manager import BlockManager
+from sluiceway.engine.detokenizer import Decode, IncrementalDetokenizer
+from sluiceway.engine.errors import PromptTooLongError
+from sluiceway.engine.outputs import ChoiceDelta, FinishReason, TokenLogprob
+from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.engine.scheduler import Scheduler, ScheduledWork
+from sluiceway.engine.sequence import Sequence as Seq
+
+
+@attrs.frozen
+class EngineStats:
+    """A snapshot of the engine's load and lifetime counters."""
+
+    num_running_seqs: int
+    num_waiting_seqs: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+
+
+class EngineCore:
+    """Owns sequences, the scheduler and the block manager for one model runner.
+
+    Not thread-safe: exactly one caller at a time (the engine loop, or a script).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        decode: Decode,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids: Iterable[int],
+        max_model_len: int,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        self.runner = runner
+        self._decode = decode
+        self.blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        # A sequence must fit in the cache on its own, or preemption could never
+        # make room for it.
+        self.max_model_len = min(max_model_len, runner.num_blocks * runner.block_size)
+        self._seqs: dict[int, Seq] = {}
+        self._requests: dict[int, list[Seq]] = {}
+        self._next_seq_id = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # ---- requests -------------------------------------------------------------
+
+    def add_request(
+        self, request_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1
+    ) -> list[int]:
+        """Queue `n` choices of one prompt; returns their sequence ids (choice order).
+
+        Raises PromptTooLongError if the prompt leaves no room for one new token,
+        ValueError for an empty prompt or a duplicate request id.
+        """
+        self.check_prompt(prompt_token_ids)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id} is already in use")
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seqs = [self._new_sequence(request_id, j, prompt_token_ids, params, seed) for j in range(n)]
+        for seq in seqs:
+            self._seqs[seq.seq_id] = seq
+            self.scheduler.add(seq)
+        self._requests[request_id] = seqs
+        self.prompt_tokens_total += len(prompt_token_ids)
+        return [s.seq_id for s in seqs]
+
+    def check_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        """Raise ValueError for an empty prompt, PromptTooLongError if it leaves no
+        room for one generated token."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_token_ids) + 1 > self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_token_ids)} tokens; this model's context "
+                f"holds {self.max_model_len} including at least one generated token"
+            )
+
+    def has_request(self, request_id: int) -> bool:
+        return request_id in self._requests
+
+    def _new_sequence(
+        self, request_id: int, index: int, prompt: Sequence[int], params: SamplingParams, seed: int
+    ) -> Seq:
+        detokenizer = IncrementalDetokenizer.for_prompt(
+            self._decode, prompt, params.stop, params.include_stop_str_in_output
+        )
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        return Seq(seq_id, request_id, index, params, seed, list(prompt), len(prompt), detokenizer)
+
+    def abort_request(self, request_id: int) -> list[int]:
+        """Drop every unfinished choice of a request and free its blocks at once.
+
+        Returns the aborted sequence ids; an unknown or finished request is a no-op.
+        """
+        seqs = self._requests.pop(request_id, [])
+        aborted = []
+        for seq in seqs:
+            if self._seqs.pop(seq.seq_id, None) is not None:
+                self.scheduler.remove(seq)
+                aborted.append(seq.seq_id)
+        return aborted
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running_seqs=len(self.scheduler.running),
+            num_waiting_seqs=len(self.scheduler.waiting),
+            kv_blocks_used=self.blocks.num_used,
+            kv_blocks_total=self.blocks.num_blocks,
+            num_preemptions_total=self.scheduler.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+        )
+
+    # ---- the step -------------------------------------------------------------
+
+    def step(self) -> list[tuple[int, ChoiceDelta]]:
+        """Schedule, run the model once, and turn the samples into per-choice deltas.
+
+        Returns (sequence id, delta) pairs; a delta with a finish_reason is that
+        choice's last. If the runner raises, the exception propagates and the
+        engine's state must be considered lost.
+        """
+        plan = self.scheduler.schedule()
+        if not plan.work:
+            if self.has_work():
+                raise RuntimeError("the scheduler could not schedule any work")
+            return []
+        sampling = [w.seq for w in plan.work if w.completes_sequence]
+        batch = StepBatch(tuple(self._chunk(w) for w in plan.work))
+        samples = self.runner.step(batch)
+        if len(samples) != len(sampling):
+            raise RuntimeError(f"runner returned {len(samples)} samples for {len(sampling)} chunks")
+        for w in plan.work:
+            w.seq.num_computed_tokens += w.num_tokens
+        return [(seq.seq_id, self._accept(seq, sample)) for seq, sample in zip(sampling, samples, strict=True)]
+
+    def _chunk(self, work: ScheduledWork) -> ScheduledChunk:
+        seq = work.seq
+        start = seq.num_computed_tokens
+        sample = work.completes_sequence
+        params = seq.params
+        penalties = sample and params.needs_penalties
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=seq.token_ids[start : start + work.num_tokens],
+            start_pos=start,
+            block_table=list(seq.block_ids),
+            sample=sample,
+            params=params,
+            step_seed=seq.next_step_seed() if sample else 0,
+            suppressed_token_ids=self._suppressed(seq) if sample else (),
+            prompt_token_ids=seq.prompt_token_ids if penalties else (),
+            output_token_ids=seq.output_token_ids if penalties else (),
+        )
+
+    def _suppressed(self, seq: Seq) -> tuple[int, ...]:
+        if seq.num_output_tokens >= seq.params.min_tokens:
+            return ()
+        eos = () if seq.params.ignore_eos else tuple(self.eos_token_ids)
+        return eos + seq.params.stop_token_ids
+
+    def _accept(self, seq: Seq, sample: SampledToken) -> ChoiceDelta:
+        token = sample.token_id
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        params = seq.params
+        finish: FinishReason | None = None
+        stop_reason: str | int | None = None
+        text = ""
+        min_met = seq.num_output_tokens >= params.min_tokens
+        if min_met and not params.ignore_eos and token in self.eos_token_ids:
+            finish = "stop"
+        elif min_met and token in params.stop_token_ids:
+            finish, stop_reason = "stop", token
+        else:
+            released = seq.detokenizer.add_token(token)
+            text = released.text
+            if released.stop is not None:
+                finish, stop_reason = "stop", released.stop
+        if finish is None and (
+            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
+            or seq.num_tokens >= self.max_model_len
+        ):
+            finish = "length"
+        if finish is not None and not isinstance(stop_reason, str):
+            # Text held back for a possible stop string or an unfinished
+            # character is released; after a stop string the rest is dropped.
+            flushed = seq.detokenizer.flush()
+            text += flushed.text
+            if flushed.stop is not None:
+                finish, stop_reason = "stop", flushed.stop
+        logprobs = ()
+        if params.logprobs is not None:
+            logprobs = (TokenLogprob(token, sample.logprob, sample.top_logprobs),)
+        if finish is not None:
+            self._finish(seq)
+        return ChoiceDelta(
+            token_ids=(token,),
+            text=text,
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            logprobs=logprobs,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+        )
+
+    def _finish(self, seq: Seq) -> None:
+        self.scheduler.remove(seq)
+        del self._seqs[seq.seq_id]
+        siblings = self._requests.get(seq.request_id, [])
+        if all(s.seq_id not in self._seqs for s in siblings):
+            self._requests.pop(seq.request_id, None)

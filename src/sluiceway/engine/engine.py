@@ -1,0 +1,260 @@
+"""The trio face of the engine: one step loop task and a handle for callers.
+
+Data flow: callers `send_nowait` messages into the loop's inbox; the loop is the
+only task that touches the `EngineCore`; it runs each step in a worker thread
+and delivers deltas with `send_nowait` into per-choice channels sized so that a
+send can never block. A slow or vanished reader therefore never stalls the loop
+or another stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from sluiceway.config import EngineConfig
+from sluiceway.engine.batch import ModelRunner
+from sluiceway.engine.core import EngineCore, EngineStats
+from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
+from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ChoiceChannel = trio.MemoryReceiveChannel[ChoiceDelta]
+
+
+@attrs.frozen
+class _AddRequest:
+    request_id: int
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    senders: tuple[trio.MemorySendChannel[ChoiceDelta], ...]
+
+
+@attrs.frozen
+class _AbortRequest:
+    request_id: int
+
+
+_Message = _AddRequest | _AbortRequest
+
+
+class Engine:
+    """Continuous-batching engine driven by one trio task (`run`)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Any,
+        config: EngineConfig,
+        *,
+        eos_token_ids: Iterable[int],
+        max_model_len: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        model_len = min(max_model_len, config.max_model_len or max_model_len)
+        self._core = EngineCore(
+            runner,
+            _decoder(tokenizer),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            eos_token_ids=eos_token_ids,
+            max_model_len=model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.max_model_len = self._core.max_model_len
+        self._inbox_send, self._inbox = trio.open_memory_channel[_Message](math.inf)
+        # seq id -> (request id, the choice's send channel); owned by the loop
+        self._senders: dict[int, tuple[int, trio.MemorySendChannel[ChoiceDelta]]] = {}
+        self._live_requests: set[int] = set()
+        self._queued_choices = 0  # choices sent to the inbox, not yet seen by the loop
+        self._request_ids = itertools.count()
+        self._failure: str | None = None
+        self._closed = False
+        self._step_limiter = trio.CapacityLimiter(1)
+        self._step_boundary = trio.lowlevel.ParkingLot()
+
+    # ---- caller side ------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self._failure is None and not self._closed
+
+    @property
+    def failure(self) -> str | None:
+        """Why the loop failed, or None while it is well."""
+        return self._failure
+
+    def stats(self) -> EngineStats:
+        stats = self._core.stats()
+        return attrs.evolve(stats, num_waiting_seqs=stats.num_waiting_seqs + self._queued_choices)
+
+    async def wait_idle(self) -> None:
+        """Return once every accepted request has finished or been aborted and the
+        engine holds no sequences (immediately if the engine has failed).
+        Cancelling the wait affects nothing else."""
+        while self._failure is None and (self._live_requests or self._core.has_work()):
+            await self._step_boundary.park()
+
+    def close(self) -> None:
+        """Stop admitting work (draining); requests already accepted carry on."""
+        self._closed = True
+
+    @asynccontextmanager
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, *, n: int = 1
+    ) -> AsyncIterator[tuple[ChoiceChannel, ...]]:
+        """Generate `n` choices for one prompt; yields one receive channel per choice.
+
+        Each channel delivers `ChoiceDelta`s; the last has a finish_reason and then
+        the channel ends. On entry raises EngineUnhealthyError (failed or
+        draining), QueueFullError (more than `max_waiting` choices waiting) or
+        PromptTooLongError. Leaving the block for any reason (finished, error,
+        cancellation) aborts the unfinished choices without blocking; the engine
+        frees their KV blocks before its next step.
+        """
+        request_id, receivers = self._submit(prompt_token_ids, params, n)
+        try:
+            yield receivers
+        finally:
+            for receiver in receivers:
+                receiver.close()
+            if request_id in self._live_requests:
+                self._inbox_send.send_nowait(_AbortRequest(request_id))
+
+    def _submit(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int
+    ) -> tuple[int, tuple[ChoiceChannel, ...]]:
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        if not self.healthy:
+            raise EngineUnhealthyError(self._failure or "the engine is shutting down")
+        self._core.check_prompt(prompt_token_ids)
+        if self.stats().num_waiting_seqs + n > self.config.max_waiting:
+            raise QueueFullError(f"more than {self.config.max_waiting} choices are waiting")
+        request_id = next(self._request_ids)
+        # One delta per generated token, plus a flush or an error: a send never blocks.
+        capacity = (params.max_tokens or self.max_model_len) + 2
+        channels = [trio.open_memory_channel[ChoiceDelta](capacity) for _ in range(n)]
+        self._live_requests.add(request_id)
+        self._queued_choices += n
+        self._inbox_send.send_nowait(
+            _AddRequest(request_id, tuple(prompt_token_ids), params, tuple(s for s, _ in channels))
+        )
+        return request_id, tuple(r for _, r in channels)
+
+    # ---- the loop ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The one engine loop. Runs until cancelled.
+
+        A failing step does not raise out of here: every open choice receives an
+        error delta, the engine turns unhealthy and later requests are refused.
+        On cancellation the step in flight finishes (threads cannot be
+        interrupted), then every open choice receives an error delta.
+        """
+        task_status.started()
+        try:
+            while True:
+                self._drain_inbox()
+                if not self._core.has_work():
+                    self._step_boundary.unpark_all()
+                    self._handle(await self._inbox.receive())
+                    continue
+                try:
+                    deltas = await trio.to_thread.run_sync(self._core.step, limiter=self._step_limiter)
+                except Exception as exc:
+                    logger.exception("engine step failed")
+                    self._fail(f"engine step failed: {type(exc).__name__}: {exc}")
+                    return
+                self._deliver(deltas)
+                self._step_boundary.unpark_all()
+        finally:
+            if self._failure is None:
+                self._fail("the engine stopped")
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                message = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+            self._handle(message)
+
+    def _handle(self, message: _Message) -> None:
+        if isinstance(message, _AbortRequest):
+            self._abort(message.request_id)
+            return
+        self._queued_choices -= len(message.senders)
+        if message.request_id not in self._live_requests:
+            return  # the caller left before the loop saw the request
+        seq_ids = self._core.add_request(
+            message.request_id, message.prompt_token_ids, message.params, len(message.senders)
+        )
+        for seq_id, sender in zip(seq_ids, message.senders, strict=True):
+            self._senders[seq_id] = (message.request_id, sender)
+
+    def _abort(self, request_id: int) -> None:
+        self._live_requests.discard(request_id)
+        for seq_id in self._core.abort_request(request_id):
+            self._senders.pop(seq_id)[1].close()
+
+    def _deliver(self, deltas: list[tuple[int, ChoiceDelta]]) -> None:
+        for seq_id, delta in deltas:
+            entry = self._senders.get(seq_id)
+            if entry is None:
+                continue
+            request_id, sender = entry
+            try:
+                sender.send_nowait(delta)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                pass  # the reader is gone; the request's abort is on its way
+            if delta.finish_reason is not None:
+                del self._senders[seq_id]
+                sender.close()
+                if not self._core.has_request(request_id):
+                    self._live_requests.discard(request_id)
+
+    def _fail(self, reason: str) -> None:
+        self._failure = reason
+        error = ChoiceDelta((), "", finish_reason="error", error=reason)
+        for _, sender in self._senders.values():
+            try:
+                sender.send_nowait(error)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                pass
+            sender.close()
+        self._senders.clear()
+        self._drain_after_failure(error)
+
+    def _drain_after_failure(self, error: ChoiceDelta) -> None:
+        # Requests submitted while the failing step ran are answered too: nobody
+        # may wait on a loop that has stopped.
+        while True:
+            try:
+                message = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(message, _AddRequest):
+                for sender in message.senders:
+                    sender.send_nowait(error)
+                    sender.close()
+        self._live_requests.clear()
+        self._queued_choices = 0
+        self._step_boundary.unpark_all()
+
+
+def _decoder(tokenizer: Any):  # type: ignore[no-untyped-def]
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=True)  # type: ignore[no-any-return]
+
+    return decode

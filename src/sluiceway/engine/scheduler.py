@@ -1,0 +1,176 @@
+"""Continuous batching: which sequences run how many tokens in the next step."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from sluiceway.engine.block_manager import BlockManager, block_key, chain_hash
+from sluiceway.engine.sequence import Sequence, SequenceStatus
+
+_ROOT_HASH = 0
+
+
+@attrs.frozen
+class ScheduledWork:
+    """One sequence and how many of its uncomputed tokens run this step."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def completes_sequence(self) -> bool:
+        """The chunk reaches the last known token, so the step samples a new one."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@attrs.frozen
+class SchedulerOutput:
+    work: tuple[ScheduledWork, ...]
+    preempted: tuple[Sequence, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(w.num_tokens for w in self.work)
+
+
+@attrs.define
+class Scheduler:
+    """FCFS continuous-batching scheduler with chunked prefill and preemption.
+
+    Each step: running sequences first (a decode is one token; an unfinished
+    prefill continues), then waiting ones in arrival order, within
+    `max_num_batched_tokens` tokens and `max_num_seqs` running sequences. When a
+    running sequence needs a block and none is free, the most recently admitted
+    running sequence is preempted: its blocks are freed and it is recomputed later
+    from its tokens (prompt and outputs so far), first in line.
+    """
+
+    blocks: BlockManager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    waiting: deque[Sequence] = attrs.field(factory=deque)
+    running: list[Sequence] = attrs.field(factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the schedule (finished or aborted) and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self._release_blocks(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        work: list[ScheduledWork] = []
+        preempted: list[Sequence] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            count = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve_blocks_for_running(seq, count, preempted):
+                break  # `seq` itself was preempted; everything after it already was
+            self._schedule(seq, count, work)
+            budget -= count
+            index += 1
+        if not preempted:
+            budget = self._admit_waiting(budget, work)
+        return SchedulerOutput(tuple(work), tuple(preempted))
+
+    def _schedule(self, seq: Sequence, count: int, work: list[ScheduledWork]) -> None:
+        # Registering at once lets a later sequence in this same step reuse the
+        # blocks: the runner writes every token's keys/values before any attention
+        # reads them.
+        self._register_full_blocks(seq, seq.num_computed_tokens + count)
+        work.append(ScheduledWork(seq, count))
+
+    def _reserve_blocks_for_running(
+        self, seq: Sequence, count: int, preempted: list[Sequence]
+    ) -> bool:
+        needed = self._blocks_needed(seq, count)
+        while needed > self.blocks.num_free:
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        seq.block_ids.extend(self.blocks.allocate(needed))
+        return True
+
+    def _admit_waiting(self, budget: int, work: list[ScheduledWork]) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_computed_tokens == 0 and not seq.block_ids:
+                self._reuse_cached_prefix(seq)
+            count = min(seq.num_uncomputed_tokens, budget)
+            needed = self._blocks_needed(seq, count)
+            if needed > self.blocks.num_free:
+                self._release_blocks(seq)  # give back prefix hits; retry next step
+                break
+            seq.block_ids.extend(self.blocks.allocate(needed))
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._schedule(seq, count, work)
+            budget -= count
+        return budget
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        # At least one token must run through the model to produce logits, so a
+        # fully cached sequence still recomputes its last token.
+        full_blocks = (seq.num_tokens - 1) // self.block_size
+        self._extend_hashes(seq, full_blocks)
+        hits = self.blocks.lookup_prefix(
+            [self._key(seq, i) for i in range(full_blocks)]
+        )
+        seq.block_ids = hits
+        seq.num_registered_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        if seq.num_output_tokens == 0:
+            seq.num_cached_prompt_tokens = seq.num_computed_tokens
+
+    def _register_full_blocks(self, seq: Sequence, num_scheduled_tokens: int) -> None:
+        full_blocks = num_scheduled_tokens // self.block_size
+        self._extend_hashes(seq, full_blocks)
+        for i in range(seq.num_registered_blocks, full_blocks):
+            self.blocks.register(seq.block_ids[i], self._key(seq, i))
+        seq.num_registered_blocks = max(seq.num_registered_blocks, full_blocks)
+
+    def _extend_hashes(self, seq: Sequence, full_blocks: int) -> None:
+        while len(seq.block_hashes) < full_blocks:
+            seq.block_hashes.append(chain_hash(self._key(seq, len(seq.block_hashes))))
+
+    def _key(self, seq: Sequence, block_index: int) -> tuple[int, tuple[int, ...]]:
+        parent = seq.block_hashes[block_index - 1] if block_index else _ROOT_HASH
+        start = block_index * self.block_size
+        return block_key(parent, seq.token_ids[start : start + self.block_size])
+
+    def _blocks_needed(self, seq: Sequence, count: int) -> int:
+        positions = seq.num_computed_tokens + count
+        return max(0, -(-positions // self.block_size) - len(seq.block_ids))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release_blocks(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _release_blocks(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_ids)
+        seq.block_ids = []
+        seq.num_computed_tokens = 0
+        seq.num_registered_blocks = 0

@@ -1,0 +1,176 @@
+"""The trio engine loop with a scripted runner: delivery, aborts, failures."""
+
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+from fakes import ByteTokenizer, ScriptedRunner
+from sluiceway.config import EngineConfig
+from sluiceway.engine.engine import Engine
+from sluiceway.engine.errors import EngineUnhealthyError, PromptTooLongError, QueueFullError
+from sluiceway.engine.sampling_params import SamplingParams
+
+tok = ByteTokenizer()
+
+
+def make_engine(runner=None, **config):
+    runner = runner or ScriptedRunner(num_blocks=64, block_size=4)
+    return Engine(
+        runner, tok, EngineConfig(**config), eos_token_ids=[256], max_model_len=128
+    ), runner
+
+
+async def collect(channel):
+    deltas = []
+    async for delta in channel:
+        deltas.append(delta)
+    return deltas
+
+
+async def test_short_choice_finishes_without_waiting_for_long_one(autojump_clock):
+    engine, _ = make_engine()
+    finished_order = []
+    results = {}
+
+    async def consume(name, max_tokens):
+        async with engine.generate(tok.encode("ab"), SamplingParams(max_tokens=max_tokens)) as (ch,):
+            results[name] = await collect(ch)
+            finished_order.append((name, engine.stats().num_running_seqs))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with trio.open_nursery() as clients:
+            clients.start_soon(consume, "long", 30)
+            clients.start_soon(consume, "short", 2)
+        nursery.cancel_scope.cancel()
+    # The short one was delivered while the long one was still running.
+    assert finished_order[0] == ("short", 1)
+    assert "".join(d.text for d in results["short"]) == "cd"
+    assert len(results["long"]) == 30 and results["long"][-1].finish_reason == "length"
+
+
+async def test_n_choices_each_get_their_own_channel(autojump_clock):
+    engine, _ = make_engine()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate([97], SamplingParams(max_tokens=3), n=3) as channels:
+            outs = [await collect(ch) for ch in channels]
+        nursery.cancel_scope.cancel()
+    assert [len(o) for o in outs] == [3, 3, 3]
+
+
+async def test_leaving_the_block_aborts_and_frees_blocks(autojump_clock):
+    engine, runner = make_engine()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate(tok.encode("abcdef"), SamplingParams(max_tokens=100), n=2) as chs:
+            await chs[0].receive()
+            assert engine.stats().kv_blocks_used > 0
+        await engine.wait_idle()
+        stats = engine.stats()
+        assert (stats.num_running_seqs, stats.num_waiting_seqs, stats.kv_blocks_used) == (0, 0, 0)
+        # The loop stopped decoding the aborted choices (no zombie work).
+        steps_after_abort = len(runner.batches)
+        await trio.sleep(1)
+        assert len(runner.batches) == steps_after_abort
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_consumer_aborts_its_request(autojump_clock):
+    engine, _ = make_engine()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        with trio.move_on_after(0.5):
+            async with engine.generate([97], SamplingParams(max_tokens=100)) as (ch,):
+                await ch.receive()
+                await trio.sleep_forever()
+        await engine.wait_idle()
+        assert engine.stats().kv_blocks_used == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_request_aborted_while_queued_never_reaches_the_model(autojump_clock):
+    engine, runner = make_engine()
+    async with engine.generate([97, 98], SamplingParams(max_tokens=5)):
+        pass  # the loop is not running yet: the request is still in the inbox
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        await engine.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert runner.batches == []
+
+
+async def test_vanished_reader_does_not_disturb_others(autojump_clock):
+    engine, _ = make_engine()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate([97], SamplingParams(max_tokens=50)) as (silent,):
+            silent.close()  # the reader is gone but the block is still open
+            async with engine.generate([98], SamplingParams(max_tokens=20)) as (ch,):
+                deltas = await collect(ch)
+        nursery.cancel_scope.cancel()
+    assert len(deltas) == 20
+
+
+async def test_failing_step_reaches_every_open_request(autojump_clock):
+    engine, _ = make_engine(ScriptedRunner(fail_on_step=2))
+    results = []
+
+    async def consume(prompt):
+        async with engine.generate(prompt, SamplingParams(max_tokens=10)) as (ch,):
+            results.append(await collect(ch))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with trio.open_nursery() as clients:
+            for prompt in ([97], [98], [99]):
+                clients.start_soon(consume, prompt)
+        assert not engine.healthy
+        with pytest.raises(EngineUnhealthyError):
+            async with engine.generate([97], SamplingParams()):
+                pass
+    assert len(results) == 3
+    for deltas in results:
+        assert deltas[-1].finish_reason == "error" and "scripted step failure" in deltas[-1].error
+
+
+async def test_queue_bound_and_prompt_length_are_checked_on_entry():
+    engine, _ = make_engine(max_waiting=3)
+    async with engine.generate([97], SamplingParams(), n=2):
+        with pytest.raises(QueueFullError):
+            async with engine.generate([97], SamplingParams(), n=2):
+                pass
+        async with engine.generate([97], SamplingParams(), n=1):
+            pass
+    with pytest.raises(PromptTooLongError):
+        async with engine.generate([97] * 128, SamplingParams()):
+            pass
+
+
+async def test_step_runs_in_a_worker_thread_while_the_loop_serves(autojump_clock):
+    gate = threading.Event()
+    engine, runner = make_engine(ScriptedRunner(gate=gate))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate([97], SamplingParams(max_tokens=2)) as (ch,):
+            # The step is blocked in its thread; the event loop still runs tasks.
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.stats().num_running_seqs == 1
+            gate.set()
+            assert len(await collect(ch)) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_engine_close_refuses_new_work_and_lets_open_work_finish(autojump_clock):
+    engine, _ = make_engine()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate([97], SamplingParams(max_tokens=5)) as (ch,):
+            engine.close()
+            with pytest.raises(EngineUnhealthyError):
+                async with engine.generate([97], SamplingParams()):
+                    pass
+            assert len(await collect(ch)) == 5
+        nursery.cancel_scope.cancel()
