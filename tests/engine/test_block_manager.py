@@ -1,8 +1,8 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluiceway.engine.block_manager import BlockManager, OutOfBlocksError, block_key
-import pytest
 
 
 def test_allocate_and_free_returns_blocks():

@@ -1,7 +1,7 @@
+from fakes import ByteTokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import ByteTokenizer
 from sluiceway.engine.detokenizer import IncrementalDetokenizer
 
 tok = ByteTokenizer()
@@ -37,6 +37,7 @@ def test_stop_string_is_cut_and_held_back():
 
 def test_include_stop_string():
     pieces, stop = run(list(b"ab<end>c"), stops=("<end>",), include=True)
+    assert stop == "<end>"
     assert "".join(pieces) == "ab<end>"
 
 

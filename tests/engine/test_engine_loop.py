@@ -5,8 +5,8 @@ import threading
 import pytest
 import trio
 import trio.testing
-
 from fakes import ByteTokenizer, ScriptedRunner
+
 from sluiceway.config import EngineConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.errors import EngineUnhealthyError, PromptTooLongError, QueueFullError
@@ -151,7 +151,7 @@ async def test_queue_bound_and_prompt_length_are_checked_on_entry():
 
 async def test_step_runs_in_a_worker_thread_while_the_loop_serves(autojump_clock):
     gate = threading.Event()
-    engine, runner = make_engine(ScriptedRunner(gate=gate))
+    engine, _ = make_engine(ScriptedRunner(gate=gate))
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with engine.generate([97], SamplingParams(max_tokens=2)) as (ch,):

@@ -1,7 +1,7 @@
+from fakes import EOS, ByteTokenizer, ScriptedRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import EOS, ByteTokenizer, ScriptedRunner
 from sluiceway.engine.core import EngineCore
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -42,7 +42,7 @@ def test_chunked_prefill_respects_the_token_budget():
 
 
 def test_n_choices_share_full_prompt_blocks():
-    core, runner = make_core(block_size=4)
+    core, _ = make_core(block_size=4)
     core.add_request(0, tok.encode("abcdefghij"), SamplingParams(max_tokens=1), n=3)
     first = core.scheduler.schedule()
     tables = [w.seq.block_ids for w in first.work]

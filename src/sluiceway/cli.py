@@ -1,0 +1,188 @@
+"""`sluiceway serve | generate | chat | bench` entry points."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'512MiB', '2GB', '1.5G' or a plain byte count -> bytes (binary multiples)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MiB or 2GiB)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** "BKMGT".index(unit or "B")) if unit else int(number)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together")
+    group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="tokens per model step")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    group.add_argument("--kv-cache-memory", type=parse_size, default=1 << 30, help="KV cache size, e.g. 1GiB")
+    group.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (overrides --kv-cache-memory)")
+    group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait; beyond it requests get 429")
+    group.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prefixes")
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(
+        model=args.model, dtype=args.dtype, served_model_name=getattr(args, "served_model_name", None)
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        max_waiting=args.max_waiting,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_model_flags(p)
+    add_engine_flags(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None, help="model name clients use (default: from the model)")
+    g.add_argument("--request-timeout", type=_positive_float, default=None, help="seconds a request may run (default: no limit)")
+    g.add_argument("--api-key", action="append", default=[], help="accepted bearer key; repeat for several")
+    g.add_argument("--allowed-origins", action="append", default=[], help="CORS origin; repeat for several, or '*'")
+    g.add_argument("--drain-grace", type=_positive_float, default=30.0, help="seconds open streams may finish after SIGTERM")
+    g.add_argument("--max-body-size", type=parse_size, default=4 << 20, help="largest request body accepted")
+    p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sluiceway.api.serve import serve
+
+    server = ServerConfig(
+        host=args.host,
+        port=args.port,
+        request_timeout=args.request_timeout,
+        api_keys=tuple(args.api_key),
+        allowed_origins=tuple(args.allowed_origins),
+        drain_grace_seconds=args.drain_grace,
+        max_body_bytes=args.max_body_size,
+    )
+    return serve(model_config(args), engine_config(args), server)
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text offline (no server)")
+    p.add_argument("prompt", nargs="+", help="one or more prompts (each is a separate request)")
+    add_model_flags(p)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.set_defaults(handler=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from sluiceway.engine.sampling_params import SamplingParams
+    from sluiceway.offline import LLM
+
+    llm = LLM(model=args.model, dtype=args.dtype)
+    prompts = [
+        p if args.raw else llm.encode_chat([{"role": "user", "content": p}]) for p in args.prompt
+    ]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for prompt, result in zip(args.prompt, llm.generate(prompts, params), strict=True):
+        print(f"### {prompt}\n{result.outputs[0].text}\n")
+    return 0
+
+
+def _chat_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with a running server in the terminal", add_help=False)
+    p.set_defaults(handler=None)
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench", required=True)
+    e = bench.add_parser("engine", help="in-process decode throughput against a transformers loop")
+    add_model_flags(e)
+    e.add_argument("--batch-sizes", default="1,8,32,64")
+    e.add_argument("--dtypes", default="float32,bfloat16")
+    e.add_argument("--output-tokens", type=int, default=64)
+    e.add_argument("--prompt-tokens", type=int, default=32)
+    e.add_argument("--skip-transformers", action="store_true")
+    e.set_defaults(handler=_cmd_bench_engine)
+
+
+def _cmd_bench_engine(args: argparse.Namespace) -> int:
+    from sluiceway.bench.engine_bench import run_engine_bench
+
+    return run_engine_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluiceway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _generate_parser(sub)
+    _chat_parser(sub)
+    _bench_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["chat"]:
+        from sluiceway.client.chat_cli import main as chat_main
+
+        return chat_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except _model_load_error() as exc:
+        print(f"sluiceway: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+class _NotInstalled(Exception):
+    """Stands in for ModelLoadError where the runner is not installed (client-only)."""
+
+
+def _model_load_error() -> type[Exception]:
+    try:
+        from sluiceway.runner.loading import ModelLoadError
+    except ImportError:
+        return _NotInstalled
+    return ModelLoadError
+
+if __name__ == "__main__":
+    sys.exit(main())

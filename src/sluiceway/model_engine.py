@@ -1,0 +1,87 @@
+"""Assembling an engine from a model source: load, build the runner, wrap the core.
+
+This is the one place that joins the torch runner to the torch-free engine, so
+the engine package itself never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import attrs
+
+from sluiceway.config import EngineConfig, ModelConfig
+from sluiceway.engine.core import EngineCore
+
+if TYPE_CHECKING:
+    from sluiceway.engine.engine import Engine
+    from sluiceway.runner.loading import LoadedModel
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class ModelBundle:
+    """A loaded model and the runner built over it."""
+
+    loaded: LoadedModel
+    runner: TorchModelRunner
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+
+def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = True) -> ModelBundle:
+    """Load weights and tokenizer and allocate the KV cache.
+
+    Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
+    """
+    from sluiceway.runner.loading import load_model
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    loaded = load_model(model.model, model.dtype, progress=progress)
+    runner = TorchModelRunner.from_loaded(
+        loaded,
+        device=_device(),
+        block_size=engine.block_size,
+        num_blocks=engine.num_kv_blocks,
+        kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
+    )
+    loaded.module = None  # the runner holds its own (fused) weights
+    return ModelBundle(loaded, runner)
+
+
+def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
+    from sluiceway.engine.engine import Engine
+
+    return Engine(
+        bundle.runner,
+        bundle.loaded.tokenizer,
+        config,
+        eos_token_ids=bundle.loaded.eos_token_ids,
+        max_model_len=bundle.loaded.max_model_len,
+    )
+
+
+def build_core(bundle: ModelBundle, config: EngineConfig) -> EngineCore:
+    """A synchronous core for scripts and benchmarks (no event loop)."""
+    tokenizer = bundle.loaded.tokenizer
+    model_len = bundle.loaded.max_model_len
+    return EngineCore(
+        bundle.runner,
+        lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        eos_token_ids=bundle.loaded.eos_token_ids,
+        max_model_len=min(model_len, config.max_model_len or model_len),
+        enable_prefix_caching=config.enable_prefix_caching,
+    )
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

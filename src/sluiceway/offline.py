@@ -1,0 +1,89 @@
+"""Offline generation for scripts: `LLM(model=...).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from sluiceway.config import EngineConfig, ModelConfig
+from sluiceway.engine.outputs import FinishReason
+from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.model_engine import build_core, load_bundle
+
+Prompt = str | Sequence[int]
+
+
+@attrs.frozen
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None
+    stop_reason: str | int | None = None
+
+
+@attrs.frozen
+class RequestOutput:
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+
+
+class LLM:
+    """A model and an engine core in this process, driven synchronously.
+
+    `model=None` loads the embedded default model. Engine limits are the keyword
+    arguments of `EngineConfig` (e.g. `max_num_seqs=32`).
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options: object) -> None:
+        self.engine_config = EngineConfig(**engine_options)  # type: ignore[arg-type]
+        self.bundle = load_bundle(ModelConfig(model=model, dtype=dtype), self.engine_config)  # type: ignore[arg-type]
+        self.tokenizer = self.bundle.loaded.tokenizer
+        self._core = build_core(self.bundle, self.engine_config)
+        self._next_request_id = 0
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template."""
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None, n: int = 1
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion, batched together; outputs in prompt order."""
+        params = params or SamplingParams()
+        batch: list[Prompt]
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            batch = [prompts]  # type: ignore[list-item]
+        else:
+            batch = list(prompts)  # type: ignore[arg-type]
+        encoded = [self._encode(p) for p in batch]
+        seq_ids = []
+        for ids in encoded:
+            seq_ids.append(self._core.add_request(self._next_request_id, ids, params, n))
+            self._next_request_id += 1
+        texts: dict[int, list[str]] = {s: [] for group in seq_ids for s in group}
+        tokens: dict[int, list[int]] = {s: [] for s in texts}
+        ends: dict[int, tuple[FinishReason | None, str | int | None]] = {}
+        while self._core.has_work():
+            for seq_id, delta in self._core.step():
+                texts[seq_id].append(delta.text)
+                tokens[seq_id].extend(delta.token_ids)
+                if delta.finish_reason is not None:
+                    ends[seq_id] = (delta.finish_reason, delta.stop_reason)
+        return [
+            RequestOutput(
+                tuple(ids),
+                tuple(
+                    CompletionOutput(j, "".join(texts[s]), tuple(tokens[s]), *ends.get(s, (None, None)))
+                    for j, s in enumerate(group)
+                ),
+            )
+            for ids, group in zip(encoded, seq_ids, strict=True)
+        ]
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        return list(prompt)
