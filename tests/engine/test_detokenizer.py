@@ -1,4 +1,4 @@
-from fakes import ByteTokenizer
+from engine_fakes import ByteTokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

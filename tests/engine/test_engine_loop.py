@@ -5,7 +5,7 @@ import threading
 import pytest
 import trio
 import trio.testing
-from fakes import ByteTokenizer, ScriptedRunner
+from engine_fakes import ByteTokenizer, ScriptedRunner
 
 from sluiceway.config import EngineConfig
 from sluiceway.engine.engine import Engine

@@ -1,4 +1,4 @@
-from fakes import EOS, ByteTokenizer, ScriptedRunner
+from engine_fakes import EOS, ByteTokenizer, ScriptedRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
