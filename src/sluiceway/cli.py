@@ -33,6 +33,12 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="auto: triton kernels on CUDA, torch elsewhere",
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +55,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
     return ModelConfig(
-        model=args.model, dtype=args.dtype, served_model_name=getattr(args, "served_model_name", None)
+        model=args.model,
+        dtype=args.dtype,
+        served_model_name=getattr(args, "served_model_name", None),
+        attention_backend=args.attention_backend,
     )
 
 

@@ -7,9 +7,10 @@ from typing import Literal
 import attrs
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
 
 
-def _positive(instance: object, attribute: attrs.Attribute, value: int | float | None) -> None:  # type: ignore[type-arg]
+def _positive(instance: object, attribute: attrs.Attribute, value: int | float | None) -> None:
     if value is not None and value <= 0:
         raise ValueError(f"{attribute.name} must be positive, got {value}")
 
@@ -36,11 +37,13 @@ class EngineConfig:
 
 @attrs.frozen(kw_only=True)
 class ModelConfig:
-    """Which model to load. `model=None` is the embedded default (SmolLM2-135M-Instruct)."""
+    """Which model to load and how to run it. `model=None` is the embedded default
+    (SmolLM2-135M-Instruct). `attention_backend="auto"` is triton on CUDA, torch elsewhere."""
 
     model: str | None = None
     dtype: DType = "auto"
     served_model_name: str | None = None
+    attention_backend: AttentionBackendName = "auto"
 
 
 @attrs.frozen(kw_only=True)

@@ -39,13 +39,20 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
 
     Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
     """
-    from sluiceway.runner.loading import load_model
+    from sluiceway.runner.kernels.backend import select_attention_backend
+    from sluiceway.runner.loading import ModelLoadError, load_model
     from sluiceway.runner.model_runner import TorchModelRunner
 
+    device = _device()
+    try:
+        attention = select_attention_backend(model.attention_backend, device)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     loaded = load_model(model.model, model.dtype, progress=progress)
     runner = TorchModelRunner.from_loaded(
         loaded,
-        device=_device(),
+        device=device,
+        attention=attention,
         block_size=engine.block_size,
         num_blocks=engine.num_kv_blocks,
         kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,

@@ -144,12 +144,18 @@ async def test_queue_bound_and_prompt_length_are_checked_on_entry():
                 pass
         async with engine.generate([97], SamplingParams(), n=1):
             pass
+    # An empty queue admits even a request larger than the bound.
+    idle_engine, _ = make_engine(max_waiting=3)
+    async with idle_engine.generate([97], SamplingParams(), n=5):
+        pass
     with pytest.raises(PromptTooLongError):
         async with engine.generate([97] * 128, SamplingParams()):
             pass
 
 
-async def test_step_runs_in_a_worker_thread_while_the_loop_serves(autojump_clock):
+async def test_step_runs_in_a_worker_thread_while_the_loop_serves():
+    # No autojump clock here: it competes with wait_all_tasks_blocked for the idle
+    # moment while the step thread is parked, and nothing in this test sleeps.
     gate = threading.Event()
     engine, _ = make_engine(ScriptedRunner(gate=gate))
     async with trio.open_nursery() as nursery:

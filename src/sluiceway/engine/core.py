@@ -18,7 +18,7 @@ from sluiceway.engine.detokenizer import Decode, IncrementalDetokenizer
 from sluiceway.engine.errors import PromptTooLongError
 from sluiceway.engine.outputs import ChoiceDelta, FinishReason, TokenLogprob
 from sluiceway.engine.sampling_params import SamplingParams
-from sluiceway.engine.scheduler import Scheduler, ScheduledWork
+from sluiceway.engine.scheduler import ScheduledWork, Scheduler
 from sluiceway.engine.sequence import Sequence as Seq
 
 
@@ -217,7 +217,7 @@ class EngineCore:
             text += flushed.text
             if flushed.stop is not None:
                 finish, stop_reason = "stop", flushed.stop
-        logprobs = ()
+        logprobs: tuple[TokenLogprob, ...] = ()
         if params.logprobs is not None:
             logprobs = (TokenLogprob(token, sample.logprob, sample.top_logprobs),)
         if finish is not None:

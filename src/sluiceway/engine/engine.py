@@ -139,7 +139,10 @@ class Engine:
         if not self.healthy:
             raise EngineUnhealthyError(self._failure or "the engine is shutting down")
         self._core.check_prompt(prompt_token_ids)
-        if self.stats().num_waiting_seqs + n > self.config.max_waiting:
+        waiting = self.stats().num_waiting_seqs
+        # An empty queue always admits, so a request with n > max_waiting is not
+        # refused forever on an idle server.
+        if waiting and waiting + n > self.config.max_waiting:
             raise QueueFullError(f"more than {self.config.max_waiting} choices are waiting")
         request_id = next(self._request_ids)
         # One delta per generated token, plus a flush or an error: a send never blocks.
@@ -253,8 +256,8 @@ class Engine:
         self._step_boundary.unpark_all()
 
 
-def _decoder(tokenizer: Any):  # type: ignore[no-untyped-def]
+def _decoder(tokenizer: Any):
     def decode(ids: Sequence[int]) -> str:
-        return tokenizer.decode(list(ids), skip_special_tokens=True)  # type: ignore[no-any-return]
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
 
     return decode

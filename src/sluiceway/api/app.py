@@ -1,0 +1,143 @@
+"""The quart-trio app factory: routes, auth, CORS and error objects.
+
+`create_app(engine, ...)` builds an app around an already constructed engine; the
+caller runs `engine.run` in a nursery (see `serve.serve_async`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any
+
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from sluiceway.api import errors, sse
+from sluiceway.api.connection import SluicewayHTTPConnection
+from sluiceway.api.formatting import TokenText
+from sluiceway.api.metrics import Metrics
+from sluiceway.api.routes_generation import blueprint as generation_blueprint
+from sluiceway.api.routes_misc import blueprint as misc_blueprint
+from sluiceway.api.state import ServerState
+from sluiceway.config import ServerConfig
+from sluiceway.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# Liveness, scraping and the API description stay reachable without a key.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
+
+
+class SluicewayApp(QuartTrio):
+    asgi_http_class = SluicewayHTTPConnection
+
+    @property
+    def state(self) -> ServerState:
+        return self.config["SLUICEWAY_STATE"]
+
+
+def _error_response(error: errors.APIError) -> Response:
+    response = Response(
+        sse.dumps(error.body()), status=error.status, content_type="application/json"
+    )
+    for name, value in error.headers:
+        response.headers[name] = value
+    return response
+
+
+def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+    error = errors.APIError(
+        status, exc.description or exc.name, "invalid_request_error", None, kinds.get(status)
+    )
+    response = _error_response(error)
+    if status == 413:
+        # The rest of the body may still be on its way; don't read it, just close.
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _key_ok(header: str | None, keys: tuple[str, ...]) -> bool:
+    scheme, _, token = (header or "").partition(" ")
+    presented = token.strip().encode()
+    ok = False
+    for key in keys:  # compare against every key: no early exit to time
+        ok |= hmac.compare_digest(presented, key.encode())
+    return ok and scheme.lower() == "bearer"
+
+
+def _install_hooks(app: SluicewayApp, config: ServerConfig) -> None:
+    @app.before_request
+    async def authenticate() -> Response | None:
+        if not config.api_keys or request.method == "OPTIONS" or request.path in OPEN_PATHS:
+            return None
+        if not _key_ok(request.headers.get("Authorization"), config.api_keys):
+            return _error_response(errors.unauthorized())
+        return None
+
+    @app.after_request
+    async def cors(response: Response) -> Response:
+        origin = request.headers.get("Origin")
+        allowed = config.allowed_origins
+        if origin and ("*" in allowed or origin in allowed):
+            response.headers["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Max-Age"] = "600"
+            if "*" not in allowed:
+                response.headers["Vary"] = "Origin"
+        return response
+
+    @app.errorhandler(errors.APIError)
+    async def api_error(exc: errors.APIError) -> Response:
+        return _error_response(exc)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        return _http_error(exc)
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        log.exception("unexpected error handling %s %s", request.method, request.path)
+        return _error_response(
+            errors.APIError(500, "Internal server error.", "internal_server_error", None, None)
+        )
+
+
+def create_app(
+    engine: Engine,
+    *,
+    server_config: ServerConfig,
+    model_name: str,
+    model_vocab_size: int | None = None,
+) -> SluicewayApp:
+    """An app serving `engine` under `model_name`. The engine loop is not started here."""
+    app = SluicewayApp(__name__)
+    app.config.update(
+        # Streams may run as long as generation does; --request-timeout is the limit.
+        RESPONSE_TIMEOUT=None,
+        MAX_CONTENT_LENGTH=server_config.max_body_bytes,
+        JSON_SORT_KEYS=False,
+    )
+    state = ServerState(
+        engine=engine,
+        server_config=server_config,
+        model_name=model_name,
+        metrics=Metrics(engine.stats),
+        token_text=TokenText(engine.tokenizer),
+        created=int(time.time()),
+        model_vocab_size=model_vocab_size,
+    )
+    app.config["SLUICEWAY_STATE"] = state
+    app.register_blueprint(generation_blueprint)
+    app.register_blueprint(misc_blueprint)
+    _install_hooks(app, server_config)
+    return app
+
+
+def app_state(app: Any) -> ServerState:
+    return app.config["SLUICEWAY_STATE"]

@@ -1,0 +1,37 @@
+"""quart-trio's HTTP connection, with its nursery made visible to the route handler.
+
+quart-trio runs each HTTP request in a nursery holding two tasks: one reading ASGI
+messages (it cancels the nursery when the client disconnects) and one running the
+handler and then sending the response. A streaming handler starts its work in
+that same nursery (`connection_nursery().start(...)`), so the work outlives the
+handler's return, is cancelled on disconnect, and its cancel scopes and engine
+context stay within one task (PEP 789: no async generator yields across them).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+import trio
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from quart_trio.asgi import TrioASGIHTTPConnection
+
+_nursery: ContextVar[trio.Nursery] = ContextVar("sluiceway_connection_nursery")
+
+
+def connection_nursery() -> trio.Nursery:
+    """The current HTTP request's connection nursery (only inside a request)."""
+    return _nursery.get()
+
+
+class SluicewayHTTPConnection(TrioASGIHTTPConnection):
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        request = self._create_request_from_scope(send)
+        async with trio.open_nursery() as nursery:
+            token = _nursery.set(nursery)
+            try:
+                # The child tasks copy the context now, nursery included.
+                nursery.start_soon(self.handle_messages, nursery, request, receive)
+                nursery.start_soon(self.handle_request, nursery, request, send)
+            finally:
+                _nursery.reset(token)

@@ -1,0 +1,100 @@
+"""Per-endpoint shapes of chunks and full responses (chat vs legacy completions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sluiceway.api import formatting as fmt
+from sluiceway.api.generation import ChoiceState, RequestRun
+from sluiceway.api.validation import ChatRequest, CompletionRequest
+from sluiceway.engine.outputs import ChoiceDelta
+
+
+@attrs.frozen
+class ChatShape:
+    request: ChatRequest
+    token_text: fmt.TokenText
+    chunk_kind: str = "chat.completion.chunk"
+    full_kind: str = "chat.completion"
+    id_prefix: str = "chatcmpl-"
+
+    def _logprobs(self, choice_logprobs: Any) -> list[dict[str, Any]] | None:
+        if not self.request.logprobs:
+            return None
+        return fmt.chat_logprobs(choice_logprobs, self.token_text, self.request.top_logprobs)
+
+    def open_choice(self, choice: ChoiceState) -> dict[str, Any] | None:
+        """The first chunk of every choice carries the role, as OpenAI sends it."""
+        return fmt.chat_chunk_choice(choice.index, {"role": "assistant", "content": ""})
+
+    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
+        content = {"content": delta.text} if delta.text else {}
+        logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
+        if not content and logprobs is None and delta.finish_reason is None:
+            return None
+        return fmt.chat_chunk_choice(
+            choice.index, content, delta.finish_reason, logprobs, delta.stop_reason
+        )
+
+    def final_choice(self, choice: ChoiceState) -> dict[str, Any]:
+        logprobs = self._logprobs(choice.logprobs)
+        return {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": choice.text},
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }
+
+
+@attrs.frozen
+class CompletionShape:
+    request: CompletionRequest
+    token_text: fmt.TokenText
+    chunk_kind: str = "text_completion"
+    full_kind: str = "text_completion"
+    id_prefix: str = "cmpl-"
+
+    def open_choice(self, choice: ChoiceState) -> dict[str, Any] | None:
+        if not (self.request.echo and choice.prompt.text):
+            return None
+        return fmt.completion_chunk_choice(choice.index, choice.prompt.text)
+
+    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
+        logprobs = None
+        if self.request.params.logprobs is not None and delta.logprobs:
+            logprobs = fmt.completion_logprobs(delta.logprobs, self.token_text, choice.text_offset)
+        choice.text_offset += len(delta.text)
+        if not delta.text and logprobs is None and delta.finish_reason is None:
+            return None
+        return fmt.completion_chunk_choice(
+            choice.index, delta.text, delta.finish_reason, logprobs, delta.stop_reason
+        )
+
+    def final_choice(self, choice: ChoiceState) -> dict[str, Any]:
+        logprobs = None
+        if self.request.params.logprobs is not None:
+            logprobs = fmt.completion_logprobs(choice.logprobs, self.token_text, 0)
+        text = choice.text
+        if self.request.echo:
+            text = choice.prompt.text + text
+        return fmt.completion_chunk_choice(
+            choice.index, text, choice.finish_reason, logprobs, choice.stop_reason
+        )
+
+
+Shape = ChatShape | CompletionShape
+
+
+def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) -> dict[str, Any]:
+    body = fmt.envelope(
+        shape.full_kind,
+        request_id,
+        created,
+        run.state.model_name,
+        [shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)],
+    )
+    body["usage"] = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+    return body

@@ -1,0 +1,233 @@
+"""POST /v1/chat/completions and POST /v1/completions, streaming and not.
+
+A streaming request's work runs in a task started in the HTTP connection's own
+nursery (quart-trio cancels that nursery when the client disconnects), so the
+engine context, the consumers and every cancel scope live in one task and are
+entered and left in order; the response body only reads a memory channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import uuid
+from contextlib import AsyncExitStack
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, current_app, request
+
+from sluiceway.api import errors, prompts, sse
+from sluiceway.api import formatting as fmt
+from sluiceway.api.connection import connection_nursery
+from sluiceway.api.errors import APIError
+from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.responses import ChatShape, CompletionShape, Shape, full_response
+from sluiceway.api.state import ServerState
+from sluiceway.api.validation import (
+    CommonRequest,
+    parse_chat_request,
+    parse_completion_request,
+    parse_json,
+)
+from sluiceway.engine.outputs import ChoiceDelta
+
+log = logging.getLogger(__name__)
+blueprint = Blueprint("generation", __name__)
+
+
+def _state() -> ServerState:
+    return current_app.config["SLUICEWAY_STATE"]
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
+        raise errors.model_not_found(model)
+
+
+async def _body() -> Any:
+    return parse_json(await request.get_data(cache=False))
+
+
+@blueprint.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    state = _state()
+    started = trio.current_time()
+    state.check_accepting()
+    req = parse_chat_request(await _body(), state.vocab_size)
+    _check_model(state, req.model)
+    ready = await prompts.chat_prompts(state, req.conversations, req.add_generation_prompt)
+    prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
+    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
+    return await _respond(run, req, ChatShape(req, state.token_text), "messages")
+
+
+@blueprint.post("/v1/completions")
+async def completions() -> Response:
+    state = _state()
+    started = trio.current_time()
+    state.check_accepting()
+    req = parse_completion_request(await _body(), state.vocab_size)
+    _check_model(state, req.model)
+    ready = await prompts.completion_prompts(state, req.prompts, req.echo)
+    prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
+    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
+    return await _respond(run, req, CompletionShape(req, state.token_text), "prompt")
+
+
+async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:
+    request_id = f"{shape.id_prefix}{uuid.uuid4().hex}"
+    created = int(time.time())
+    if not req.stream:
+        body = await _complete(run, req, shape, param, request_id, created)
+        return Response(sse.dumps(body), content_type="application/json")
+    stream = _Stream(run, req, shape, param, request_id, created)
+    result = await connection_nursery().start(stream.run)
+    if isinstance(result, APIError):
+        raise result
+    response = Response(_read(result), headers=sse.HEADERS)
+    response.timeout = None  # a long stream is not a stuck one; our own deadline governs
+    return response
+
+
+async def _read(receive: trio.MemoryReceiveChannel[bytes]) -> Any:
+    async with receive:
+        async for data in receive:
+            yield data
+
+
+async def _complete(
+    run: RequestRun, req: CommonRequest, shape: Shape, param: str, request_id: str, created: int
+) -> dict[str, Any]:
+    async def collect(choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+        if delta is not None:
+            choice.text_parts.append(delta.text)
+            choice.logprobs.extend(delta.logprobs)
+
+    try:
+        with run.state.track() as drain_scope:
+            run.drain_scope = drain_scope
+            async with AsyncExitStack() as stack:
+                channels = await admit(run, stack, req.params, param)
+                with drain_scope:
+                    await run_choices(run, channels, collect)
+    finally:
+        run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+    if run.error is not None:
+        raise errors.engine_unhealthy(run.error)
+    if run.timed_out:
+        raise errors.timeout(run.state.server_config.request_timeout)
+    if run.cut_by_drain:
+        raise errors.draining()
+    return full_response(shape, run, request_id, created)
+
+
+class _Stream:
+    """One streaming request's work, run as a task in the connection's nursery."""
+
+    def __init__(
+        self,
+        run: RequestRun,
+        req: CommonRequest,
+        shape: Shape,
+        param: str,
+        request_id: str,
+        created: int,
+    ) -> None:
+        self.run_state = run
+        self.req = req
+        self.shape = shape
+        self.param = param
+        self.request_id = request_id
+        self.created = created
+        self.send: trio.MemorySendChannel[bytes] | None = None
+
+    async def run(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Admit, then stream. Reports an admission failure through `task_status`
+        (so the client still gets a proper status code); ends quietly when cancelled
+        (client gone) or when the reader has gone away."""
+        run = self.run_state
+        with run.state.track() as drain_scope:
+            run.drain_scope = drain_scope
+            async with AsyncExitStack() as stack:
+                try:
+                    channels = await admit(run, stack, self.req.params, self.param)
+                except APIError as exc:
+                    task_status.started(exc)
+                    return
+                # Unbounded, yet bounded by the request's own max_tokens: the consumers
+                # never wait on the socket, so the engine work ends (and its KV blocks
+                # are freed) as soon as generation does, however slow the reader.
+                self.send, receive = trio.open_memory_channel[bytes](math.inf)
+                task_status.started(receive)
+                try:
+                    async with self.send:
+                        await self._stream(channels, drain_scope)
+                finally:
+                    run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+
+    async def _stream(self, channels: list[Any], drain_scope: trio.CancelScope) -> None:
+        try:
+            with drain_scope:
+                await run_choices(self.run_state, channels, self._sink)
+            self._finish()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the response body was closed: the client is gone
+        except* Exception:
+            # A bug of ours, not the client's: say so in-stream rather than cut the stream.
+            log.exception("streaming request failed")
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                error = errors.APIError(500, "Internal server error.", "internal_server_error")
+                self._emit(error.body())
+                assert self.send is not None
+                self.send.send_nowait(sse.DONE)
+
+    def _emit(self, obj: Any) -> None:
+        assert self.send is not None
+        self.send.send_nowait(sse.event(obj))
+
+    def _chunk(self, choice: ChoiceState, body: dict[str, Any]) -> None:
+        chunk = fmt.envelope(
+            self.shape.chunk_kind,
+            self.request_id,
+            self.created,
+            self.run_state.state.model_name,
+            [body],
+        )
+        opts = self.req.stream_options
+        if opts.continuous_usage_stats:
+            chunk["usage"] = fmt.usage(len(choice.prompt.token_ids), choice.num_output_tokens)
+        elif opts.include_usage:
+            chunk["usage"] = None
+        self._emit(chunk)
+
+    async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+        body = (
+            self.shape.open_choice(choice)
+            if delta is None
+            else self.shape.delta_choice(choice, delta)
+        )
+        if body is not None:
+            self._chunk(choice, body)
+
+    def _finish(self) -> None:
+        run = self.run_state
+        error: APIError | None = None
+        if run.error is not None:
+            error = errors.engine_unhealthy(run.error)
+        elif run.timed_out:
+            error = errors.timeout(run.state.server_config.request_timeout)
+        elif run.cut_by_drain:
+            error = errors.draining()
+        if error is not None:
+            self._emit(error.body())
+        elif self.req.stream_options.include_usage:
+            chunk = fmt.envelope(
+                self.shape.chunk_kind, self.request_id, self.created, run.state.model_name, []
+            )
+            chunk["usage"] = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+            self._emit(chunk)
+        assert self.send is not None
+        self.send.send_nowait(sse.DONE)

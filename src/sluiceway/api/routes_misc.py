@@ -1,0 +1,115 @@
+"""Health, models, metrics, tokenizer endpoints and the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from sluiceway.api import errors, prompts, sse
+from sluiceway.api.errors import invalid_request
+from sluiceway.api.metrics import CONTENT_TYPE
+from sluiceway.api.openapi import openapi_document
+from sluiceway.api.state import ServerState
+from sluiceway.api.validation import Fields, check_token_ids, parse_conversations, parse_json
+
+blueprint = Blueprint("misc", __name__)
+
+
+def _state() -> ServerState:
+    return current_app.config["SLUICEWAY_STATE"]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(sse.dumps(obj), status=status, content_type="application/json")
+
+
+@blueprint.get("/health")
+async def health() -> Response:
+    state = _state()
+    if state.draining or not state.engine.healthy:
+        return _json(
+            state.unavailable_error().body()
+            | {"status": "draining" if state.draining else "unhealthy"},
+            503,
+        )
+    return _json({"status": "ok"})
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sluiceway",
+        "root": state.model_name,
+        "parent": None,
+        "max_model_len": state.engine.max_model_len,
+    }
+
+
+@blueprint.get("/v1/models")
+async def models() -> Response:
+    return _json({"object": "list", "data": [_model_card(_state())]})
+
+
+@blueprint.get("/v1/models/<path:model>")
+async def model(model: str) -> Response:
+    state = _state()
+    if model != state.model_name:
+        raise errors.model_not_found(model)
+    return _json(_model_card(state))
+
+
+@blueprint.get("/metrics")
+async def metrics() -> Response:
+    return Response(_state().metrics.render(), content_type=CONTENT_TYPE)
+
+
+@blueprint.get("/openapi.json")
+async def openapi() -> Response:
+    return _json(openapi_document(_state().model_name))
+
+
+def _check_model(state: ServerState, fields: Fields) -> None:
+    name = fields.str("model", None)
+    if name is not None and name != state.model_name:
+        raise errors.model_not_found(name)
+
+
+@blueprint.post("/tokenize")
+async def tokenize() -> Response:
+    state = _state()
+    fields = Fields(parse_json(await request.get_data(cache=False)))
+    _check_model(state, fields)
+    if fields.has("messages"):
+        conversations, batched = parse_conversations(fields.raw("messages"))
+        if batched:
+            raise invalid_request("/tokenize takes one conversation.", "messages")
+        ready = await prompts.chat_prompts(
+            state, conversations, fields.bool("add_generation_prompt", True)
+        )
+    else:
+        text = fields.str("prompt", None)
+        if text is None:
+            raise invalid_request("Give 'prompt' (a string) or 'messages'.", "prompt")
+        add_special = fields.bool("add_special_tokens", True)
+        ready = await prompts.text_prompt(state, text, add_special)
+    tokens = list(ready[0].token_ids)
+    return _json(
+        {"count": len(tokens), "max_model_len": state.engine.max_model_len, "tokens": tokens}
+    )
+
+
+@blueprint.post("/detokenize")
+async def detokenize() -> Response:
+    state = _state()
+    fields = Fields(parse_json(await request.get_data(cache=False)))
+    _check_model(state, fields)
+    tokens = fields.raw("tokens")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in tokens
+    ):
+        raise invalid_request("'tokens' must be an array of token ids.", "tokens")
+    check_token_ids(tokens, state.vocab_size, "tokens")
+    return _json({"prompt": state.tokenizer.decode(tokens)})

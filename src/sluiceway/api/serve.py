@@ -1,0 +1,179 @@
+"""Run the server: hypercorn's trio worker around the app, the engine loop beside it,
+and a drain on SIGTERM/SIGINT.
+
+Drain: the first signal (or `RunningServer.shutdown()`) closes the engine to new
+work (new requests get 503, /health turns 503) while open requests carry on for
+`ServerConfig.drain_grace_seconds`; then whatever is still open is cut (streams
+get an error event and `[DONE]`, non-streaming requests a 503), hypercorn stops,
+and the engine loop is cancelled. A second signal cuts at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from sluiceway.api.app import SluicewayApp, create_app
+from sluiceway.api.state import ServerState
+from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
+from sluiceway.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# After the grace period, how long cut requests get to write their last event.
+_CUT_SECONDS = 2.0
+
+
+@attrs.frozen(eq=False)
+class RunningServer:
+    """Handle to a server started with `serve_async`. `url` is e.g. http://127.0.0.1:PORT."""
+
+    url: str
+    app: SluicewayApp
+    state: ServerState
+    _stop: trio.Event
+
+    def shutdown(self) -> None:
+        """Begin draining (what SIGTERM does). Returns at once."""
+        self._stop.set()
+
+    def cut(self) -> None:
+        """End the grace period now: open requests end their responses."""
+        self.state.cut_open_requests()
+
+
+async def _drain_when(stop: trio.Event, state: ServerState, hypercorn_stop: trio.Event) -> None:
+    await stop.wait()
+    log.info(
+        "draining: %d open requests, grace %.0f s",
+        state.active,
+        state.server_config.drain_grace_seconds,
+    )
+    state.start_draining()
+    with trio.move_on_after(state.server_config.drain_grace_seconds):
+        await state.wait_idle()
+    state.cut_open_requests()
+    with trio.move_on_after(_CUT_SECONDS):
+        await state.wait_idle()
+    hypercorn_stop.set()
+
+
+async def _watch_signals(running: RunningServer) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        count = 0
+        async for signum in signals:
+            count += 1
+            log.info("received %s", signal.Signals(signum).name)
+            running.shutdown()
+            if count > 1:
+                running.cut()
+
+
+def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"{server_config.host}:{server_config.port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = _CUT_SECONDS + 1.0
+    config.include_server_header = False
+    return config
+
+
+async def serve_async(
+    engine: Engine,
+    *,
+    server_config: ServerConfig,
+    model_name: str,
+    model_vocab_size: int | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `engine` over HTTP until drained; reports a `RunningServer` once listening.
+
+    Runs the engine loop itself. Returns after a drain (see module doc); cancelling
+    it stops everything at once. `port=0` picks a free port (see `RunningServer.url`).
+    """
+    app = create_app(
+        engine,
+        server_config=server_config,
+        model_name=model_name,
+        model_vocab_size=model_vocab_size,
+    )
+    state: ServerState = app.config["SLUICEWAY_STATE"]
+    stop, hypercorn_stop = trio.Event(), trio.Event()
+    async with trio.open_nursery() as engine_nursery:
+        await engine_nursery.start(engine.run)
+        async with trio.open_nursery() as http:
+
+            async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
+                await hypercorn_serve(
+                    app,
+                    hypercorn_config(server_config),
+                    shutdown_trigger=hypercorn_stop.wait,
+                    task_status=task_status,
+                )
+                http.cancel_scope.cancel()  # the drainer and the signal watcher too
+
+            binds = await http.start(run_http)
+            running = RunningServer(binds[0], app, state, stop)
+            http.start_soon(_drain_when, stop, state, hypercorn_stop)
+            if handle_signals:
+                http.start_soon(_watch_signals, running)
+            log.info("serving %s at %s", model_name, running.url)
+            task_status.started(running)
+        engine_nursery.cancel_scope.cancel()
+
+
+def build_engine(
+    model_config: ModelConfig, engine_config: EngineConfig
+) -> tuple[Engine, str, int | None]:
+    """Load the model and build its engine: (engine, served model name, vocab size).
+    Raises `ModelLoadError` for a missing or unreadable model."""
+    from sluiceway import model_engine
+
+    bundle = model_engine.load_bundle(model_config, engine_config)
+    engine = model_engine.build_engine(bundle, engine_config)
+    vocab = getattr(bundle.loaded.hf_config, "vocab_size", None)
+    return engine, model_config.served_model_name or bundle.name, vocab
+
+
+def serve(
+    model_config: ModelConfig, engine_config: EngineConfig, server_config: ServerConfig
+) -> int:
+    """Load the model and serve until SIGTERM/SIGINT and the drain end. Returns an exit code."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    from sluiceway.runner.loading import ModelLoadError
+
+    try:
+        engine, name, vocab = build_engine(model_config, engine_config)
+    except ModelLoadError as exc:
+        print(f"sluiceway: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        await serve_async(
+            engine,
+            server_config=server_config,
+            model_name=name,
+            model_vocab_size=vocab,
+            handle_signals=True,
+        )
+
+    try:
+        trio.run(main)
+    except OSError as exc:
+        print(
+            f"sluiceway: cannot listen on {server_config.host}:{server_config.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

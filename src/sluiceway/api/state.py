@@ -1,0 +1,92 @@
+"""What every route shares: the engine, configs, metrics and the draining state."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from sluiceway.api.errors import APIError, draining, engine_unhealthy
+from sluiceway.api.formatting import TokenText
+from sluiceway.api.metrics import Metrics
+from sluiceway.config import ServerConfig
+from sluiceway.engine.engine import Engine
+
+
+@attrs.define(eq=False)
+class ServerState:
+    """Owned by the app (one event loop). Invariant: `active` counts requests inside
+    `track()`; each of them has its drain scope in `_drain_scopes`."""
+
+    engine: Engine
+    server_config: ServerConfig
+    model_name: str
+    metrics: Metrics
+    token_text: TokenText
+    created: int
+    # The model's embedding rows, when known: token ids past them would crash a step.
+    model_vocab_size: int | None = None
+    draining: bool = False
+    active: int = 0
+    _drain_scopes: set[trio.CancelScope] = attrs.field(factory=set)
+    _idle: trio.Event = attrs.field(factory=trio.Event)
+    # Tokenizing a long prompt runs in a worker thread, one at a time: HF fast
+    # tokenizers are not meant for concurrent mutation, and one thread is enough.
+    tokenize_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        size = len(self.engine.tokenizer)
+        return size if self.model_vocab_size is None else min(size, self.model_vocab_size)
+
+    def check_accepting(self) -> None:
+        """Raise the 503 a new generation request gets while draining or unhealthy."""
+        if self.draining:
+            raise draining()
+        if not self.engine.healthy:
+            raise engine_unhealthy(self.engine.failure)
+
+    def unavailable_error(self) -> APIError:
+        return draining() if self.draining else engine_unhealthy(self.engine.failure)
+
+    def request_deadline_from(self, started_at: float) -> float:
+        timeout = self.server_config.request_timeout
+        return math.inf if timeout is None else started_at + timeout
+
+    @contextmanager
+    def track(self) -> Iterator[trio.CancelScope]:
+        """Count a generation request as open; the yielded scope is cancelled when a
+        drain's grace period ends, so the request can end its response cleanly."""
+        scope = trio.CancelScope()
+        self.active += 1
+        self._drain_scopes.add(scope)
+        try:
+            yield scope
+        finally:
+            self._drain_scopes.discard(scope)
+            self.active -= 1
+            if self.active == 0:
+                self._idle.set()
+                self._idle = trio.Event()
+
+    def start_draining(self) -> None:
+        """Refuse new work from now on; open requests carry on."""
+        self.draining = True
+        self.engine.close()
+
+    async def wait_idle(self) -> None:
+        while self.active:
+            await self._idle.wait()
+
+    def cut_open_requests(self) -> None:
+        """The grace period is over: make every open request end its response now."""
+        for scope in list(self._drain_scopes):
+            scope.cancel()

@@ -1,0 +1,145 @@
+"""Small helpers for driving the server in tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+
+@attrs.define
+class StreamResult:
+    """A parsed SSE response: chunks (dicts), error events, and whether [DONE] came last."""
+
+    status: int
+    chunks: list[dict[str, Any]] = attrs.field(factory=list)
+    errors: list[dict[str, Any]] = attrs.field(factory=list)
+    done: bool = False
+    after_done: int = 0
+
+    def by_index(self) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {}
+        for chunk in self.chunks:
+            for choice in chunk["choices"]:
+                out.setdefault(choice["index"], []).append(choice)
+        return out
+
+    def texts(self) -> dict[int, str]:
+        out = {}
+        for index, choices in self.by_index().items():
+            parts = [
+                c["delta"].get("content") or "" if "delta" in c else c["text"] for c in choices
+            ]
+            out[index] = "".join(parts)
+        return out
+
+    def finish_reasons(self) -> dict[int, str | None]:
+        return {i: cs[-1]["finish_reason"] for i, cs in self.by_index().items()}
+
+    def check_well_formed(self) -> None:
+        """Each choice: role first (chat), finish_reason only on its last chunk; [DONE] last."""
+        assert self.done and self.after_done == 0, (self.done, self.after_done, self.errors)
+        for choices in self.by_index().values():
+            if "delta" in choices[0]:
+                assert choices[0]["delta"].get("role") == "assistant"
+                assert all("role" not in c["delta"] for c in choices[1:])
+            assert all(c["finish_reason"] is None for c in choices[:-1])
+
+
+def parse_event(line: str, result: StreamResult) -> None:
+    if not line:
+        return
+    assert line.startswith("data: "), line
+    data = line[len("data: ") :]
+    if result.done:
+        result.after_done += 1
+    if data == "[DONE]":
+        result.done = True
+        return
+    obj = json.loads(data)
+    if "error" in obj:
+        result.errors.append(obj["error"])
+    else:
+        result.chunks.append(obj)
+
+
+async def stream(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> StreamResult:
+    async with client.stream("POST", path, json=body | {"stream": True}) as response:
+        result = StreamResult(response.status_code)
+        if response.status_code != 200:
+            await response.aread()
+            result.errors.append(response.json()["error"])
+            return result
+        async for line in response.aiter_lines():
+            parse_event(line, result)
+    return result
+
+
+async def eventually(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
+    """Wait until `predicate()` holds. For state that changes on the far side of a
+    socket or in the engine's worker thread, where there is no event to await; the
+    limit only turns a hang into a failure."""
+    with trio.fail_after(limit_s):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.005)
+
+
+def chat(content: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "test-model", "messages": [{"role": "user", "content": content}]} | kw
+
+
+class RawStream:
+    """A bare HTTP/1.1 request over a trio socket, for reading part of a response and
+    hanging up (httpx's nested async generators can't be abandoned cleanly)."""
+
+    def __init__(self, sock: trio.SocketStream) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    @classmethod
+    async def post(cls, url: str, path: str, body: dict[str, Any]) -> RawStream:
+        host, port = url.removeprefix("http://").split(":")
+        sock = await trio.open_tcp_stream(host, int(port))
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        await sock.send_all(head + data)
+        return cls(sock)
+
+    async def read_until(self, predicate: Callable[[bytes], bool]) -> None:
+        while not predicate(self.buffer):
+            chunk = await self.sock.receive_some(65536)
+            if not chunk:
+                raise EOFError(self.buffer[-500:])
+            self.buffer += chunk
+
+    async def read_to_end(self) -> None:
+        """Until the chunked body's last chunk (or EOF)."""
+        while not self.buffer.endswith(b"\r\n0\r\n\r\n"):
+            chunk = await self.sock.receive_some(65536)
+            if not chunk:
+                return
+            self.buffer += chunk
+
+    def events(self) -> StreamResult:
+        """Parse the SSE events out of the (chunked) body read so far."""
+        head, _, body = self.buffer.partition(b"\r\n\r\n")
+        result = StreamResult(int(head.split(b" ")[1]))
+        for line in body.split(b"\n"):
+            line = line.strip(b"\r")
+            if line.startswith(b"data: "):
+                parse_event(line.decode(), result)
+        return result
+
+    async def aclose(self) -> None:
+        await self.sock.aclose()
+
+
+def count_content(buffer: bytes) -> int:
+    return buffer.count(b'"delta":{"content":')
