@@ -51,6 +51,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (overrides --kv-cache-memory)")
     group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait; beyond it requests get 429")
     group.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prefixes")
+    group.add_argument(
+        "--step-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="watchdog: a model step longer than this many seconds fails the engine (503 on /health)",
+    )
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -72,6 +78,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory_bytes=args.kv_cache_memory,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
+        step_timeout=args.step_timeout,
     )
 
 

@@ -22,7 +22,9 @@ class EngineConfig:
     `max_model_len=None` takes the model's own context length. The KV cache is
     `num_kv_blocks` blocks of `block_size` tokens when given, else as many as fit in
     `kv_cache_memory_bytes`. `max_waiting` bounds the requests queued but not yet
-    running; past it `Engine.generate` raises `QueueFullError`.
+    running; past it `Engine.generate` raises `QueueFullError`. `step_timeout` is
+    the watchdog: a model step running longer than that many seconds marks the
+    engine failed (None: no watchdog).
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)
@@ -33,6 +35,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int = attrs.field(default=1 << 30, validator=_positive)
     max_waiting: int = attrs.field(default=256, validator=_positive)
     enable_prefix_caching: bool = True
+    step_timeout: float | None = attrs.field(default=None, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

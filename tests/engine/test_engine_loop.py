@@ -180,3 +180,18 @@ async def test_engine_close_refuses_new_work_and_lets_open_work_finish(autojump_
                     pass
             assert len(await collect(ch)) == 5
         nursery.cancel_scope.cancel()
+
+
+async def test_watchdog_fails_a_hung_step_instead_of_hanging(autojump_clock):
+    gate = threading.Event()  # never set while the request waits: the step hangs
+    engine, _ = make_engine(ScriptedRunner(gate=gate), step_timeout=30)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            async with engine.generate([97], SamplingParams(max_tokens=3)) as (ch,):
+                deltas = await collect(ch)
+            assert trio.current_time() == pytest.approx(30)
+    finally:
+        gate.set()  # release the abandoned worker thread
+    assert deltas[-1].finish_reason == "error" and "watchdog" in deltas[-1].error
+    assert not engine.healthy

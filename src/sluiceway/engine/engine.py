@@ -174,16 +174,35 @@ class Engine:
                     self._handle(await self._inbox.receive())
                     continue
                 try:
-                    deltas = await trio.to_thread.run_sync(self._core.step, limiter=self._step_limiter)
+                    deltas = await self._step_with_watchdog()
                 except Exception as exc:
                     logger.exception("engine step failed")
                     self._fail(f"engine step failed: {type(exc).__name__}: {exc}")
+                    return
+                if deltas is None:
+                    logger.error("engine step exceeded %s s; failing open requests", self.config.step_timeout)
+                    self._fail(f"engine step exceeded the {self.config.step_timeout} s watchdog limit")
                     return
                 self._deliver(deltas)
                 self._step_boundary.unpark_all()
         finally:
             if self._failure is None:
                 self._fail("the engine stopped")
+
+    async def _step_with_watchdog(self) -> list[tuple[int, ChoiceDelta]] | None:
+        """Run one step in the worker thread; None if it outran `step_timeout`.
+
+        A thread cannot be interrupted, so a hung step is abandoned: the engine
+        stops using the core and fails, rather than leaving every request waiting.
+        """
+        timeout = self.config.step_timeout
+        if timeout is None:
+            return await trio.to_thread.run_sync(self._core.step, limiter=self._step_limiter)
+        with trio.move_on_after(timeout):
+            return await trio.to_thread.run_sync(
+                self._core.step, limiter=self._step_limiter, abandon_on_cancel=True
+            )
+        return None
 
     def _drain_inbox(self) -> None:
         while True:
