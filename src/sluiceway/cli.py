@@ -154,6 +154,11 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prompt-tokens", type=int, default=32)
     e.add_argument("--skip-transformers", action="store_true")
     e.set_defaults(handler=_cmd_bench_engine)
+    from sluiceway.bench.serve_bench import add_serve_bench_arguments, run_serve_bench
+
+    s = bench.add_parser("serve", help="streaming load generator for any OpenAI-compatible URL")
+    add_serve_bench_arguments(s)
+    s.set_defaults(handler=run_serve_bench)
 
 
 def _cmd_bench_engine(args: argparse.Namespace) -> int:

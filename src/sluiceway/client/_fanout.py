@@ -169,8 +169,13 @@ async def stream_choices(
                 nursery.start_soon(_route, stream, sends, choices)
                 try:
                     yield choices
-                finally:
+                except BaseException:
                     nursery.cancel_scope.cancel()
+                    raise
+                if any(c.finish_reason is None and c.error is None for c in choices):
+                    nursery.cancel_scope.cancel()  # left early: close the stream now
+                # Otherwise every choice has finished and only the usage chunk and
+                # [DONE] are left: let the router read them, so `choices.usage` is set.
         except BaseExceptionGroup as group:
             # The router only fails on a bug, so a lone exception is the caller's
             # own (or a cancellation): give it back unwrapped.

@@ -1,0 +1,294 @@
+"""`sluiceway bench serve`: a streaming load generator for any OpenAI-compatible URL.
+
+For each concurrency level it keeps that many streamed requests in flight (closed
+loop) until the level's request count is done (or its time limit passes), asking
+for a fixed number of output tokens (`ignore_eos` + `max_tokens`), and reports
+output tokens/s, requests/s, time to first token and inter-token latency
+(p50/p90/p99) as a markdown table, JSON (`--json-out`) and a PNG (`--plot-out`).
+Token counts come from the usage chunk (`stream_options.include_usage`), else
+from the number of content chunks. Inter-token latency is the gap between
+successive content chunks.
+
+    python -m sluiceway.bench.serve_bench --url http://127.0.0.1:8000 --concurrency 1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import trio
+
+from sluiceway.bench.serve_load import (
+    BUILTIN_PROMPTS,
+    LevelRun,
+    LoadSpec,
+    default_requests,
+    first_model,
+    random_prompts,
+    root_url,
+    run_level,
+    timed_request,
+)
+from sluiceway.bench.serve_report import (
+    LevelReport,
+    format_table,
+    summarize,
+    write_json,
+    write_plot,
+)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("give positive integers, e.g. 1,8,32")
+    return values
+
+
+def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `sluiceway bench serve`."""
+    t = parser.add_argument_group("target")
+    t.add_argument("--url", default="http://127.0.0.1:8000", help="server root (or .../v1)")
+    t.add_argument(
+        "--model", default=None, help="model name to request (default: the first of /v1/models)"
+    )
+    t.add_argument("--api-key", default=None, help="sent as a bearer token")
+    t.add_argument(
+        "--api", choices=["chat", "completions"], default="chat", help="which endpoint to stream"
+    )
+    w = parser.add_argument_group("workload")
+    w.add_argument(
+        "--concurrency", type=_int_list, default=[1, 8, 32, 64], help="levels, e.g. 1,8,32,64"
+    )
+    w.add_argument(
+        "--num-requests",
+        type=_int_list,
+        default=None,
+        help="requests per level: one number for all, or one per level (default: max(8, 2 x concurrency))",
+    )
+    w.add_argument("--output-tokens", type=int, default=128, help="max_tokens of each request")
+    w.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="do not send ignore_eos (servers that reject it)",
+    )
+    w.add_argument("--prompts", choices=["builtin", "random"], default="builtin", help="prompt set")
+    w.add_argument(
+        "--random-words", type=int, default=64, help="random prompts: mean length in words"
+    )
+    w.add_argument(
+        "--random-range-ratio", type=float, default=0.5, help="random prompts: length spread (0..1)"
+    )
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--warmup", type=int, default=1, help="unmeasured requests before the sweep")
+    w.add_argument(
+        "--max-duration", type=float, default=300.0, help="seconds a level may run before it is cut"
+    )
+    w.add_argument(
+        "--request-timeout", type=float, default=300.0, help="seconds one request may take"
+    )
+    o = parser.add_argument_group("extras and output")
+    o.add_argument(
+        "--health-probe",
+        action="store_true",
+        help="GET /health every 50 ms during load; report its latency",
+    )
+    o.add_argument(
+        "--engine-baseline",
+        action="store_true",
+        help="also run the in-process engine at each concurrency (loads the model here)",
+    )
+    o.add_argument(
+        "--baseline-model",
+        default=None,
+        help="model for --engine-baseline (default: the embedded default model)",
+    )
+    o.add_argument("--baseline-dtype", default="auto", help="dtype for --engine-baseline")
+    o.add_argument("--json-out", default=None, help="write the report as JSON here")
+    o.add_argument("--plot-out", default=None, help="write a PNG plot here")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _request_counts(args: argparse.Namespace) -> list[int]:
+    levels = args.concurrency
+    counts = args.num_requests
+    if counts is None:
+        return [default_requests(c) for c in levels]
+    if len(counts) == 1:
+        return counts * len(levels)
+    if len(counts) != len(levels):
+        raise SystemExit("--num-requests: give one number, or one per --concurrency level")
+    return list(counts)
+
+
+def _prompts(args: argparse.Namespace, total: int) -> list[str]:
+    if args.prompts == "random":
+        return random_prompts(max(total, 1), args.random_words, args.random_range_ratio, args.seed)
+    return list(BUILTIN_PROMPTS)
+
+
+async def run_sweep(
+    args: argparse.Namespace, baseline: EngineBaseline | None = None
+) -> tuple[list[LevelReport], dict[str, Any]]:
+    """Run the whole sweep against `args.url` (and `baseline` after each level);
+    returns the per-level reports and the configuration that produced them."""
+    from tqdm import tqdm
+
+    url = root_url(args.url)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    levels = args.concurrency
+    counts = _request_counts(args)
+    limits = httpx.Limits(
+        max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4
+    )
+    async with (
+        httpx.AsyncClient(
+            base_url=url, headers=headers, timeout=None, limits=limits, trust_env=False
+        ) as client,
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=10, trust_env=False) as health,
+    ):
+        model = args.model or await first_model(client)
+        spec = LoadSpec(
+            model=model,
+            api=args.api,
+            output_tokens=args.output_tokens,
+            ignore_eos=not args.no_ignore_eos,
+            request_timeout=args.request_timeout,
+        )
+        prompts = _prompts(args, sum(counts))
+        for i in range(args.warmup):
+            await timed_request(client, spec, prompts[i % len(prompts)])
+        reports = []
+        with tqdm(total=sum(counts), unit="req", disable=args.no_progress, file=sys.stderr) as bar:
+            for concurrency, count in zip(levels, counts, strict=True):
+                bar.set_description(f"concurrency {concurrency}")
+                run: LevelRun = await run_level(
+                    client,
+                    spec,
+                    prompts,
+                    concurrency=concurrency,
+                    num_requests=count,
+                    max_duration=args.max_duration,
+                    on_done=lambda _r: bar.update(1),
+                    health_client=health if args.health_probe else None,
+                )
+                report = summarize(run)
+                if baseline is not None:
+                    # Measured now, so both figures see the same background load.
+                    bar.set_description(f"engine at batch {concurrency}")
+                    prompt_tokens = min(round(report.prompt_tokens_mean or 32), 512)
+                    report.engine_tok_s = await trio.to_thread.run_sync(
+                        baseline.measure, concurrency, prompt_tokens, args.output_tokens
+                    )
+                reports.append(report)
+    config = {
+        "url": url,
+        "model": model,
+        "api": args.api,
+        "output_tokens": args.output_tokens,
+        "ignore_eos": not args.no_ignore_eos,
+        "prompts": args.prompts,
+        "concurrency": levels,
+        "num_requests": counts,
+        "health_probe": args.health_probe,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    return reports, config
+
+
+class EngineBaseline:
+    """The in-process engine (the `sluiceway bench engine` measurement: random-token
+    prompts, greedy, ignore_eos), loaded once and timed at one batch size at a time,
+    right after the server's level at the same concurrency."""
+
+    def __init__(self, model: str | None, dtype: str, max_batch: int, max_seq_tokens: int) -> None:
+        from sluiceway.config import EngineConfig
+        from sluiceway.model_engine import ModelBundle, build_core
+        from sluiceway.runner.loading import load_model
+        from sluiceway.runner.model_runner import TorchModelRunner
+
+        loaded = load_model(model, dtype, progress=False)
+        config = EngineConfig(
+            max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * max_seq_tokens)
+        )
+        blocks_per_seq = -(-max_seq_tokens // config.block_size)
+        runner = TorchModelRunner.from_loaded(
+            loaded, block_size=config.block_size, num_blocks=max_batch * blocks_per_seq + 8
+        )
+        self.core = build_core(ModelBundle(loaded, runner), config)
+        self.vocab = loaded.hf_config.vocab_size
+        self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.measure(2, 8, 4)  # warm-up
+
+    def measure(self, batch: int, prompt_tokens: int, output_tokens: int) -> float:
+        """Output tokens/s at `batch` sequences, prefill included."""
+        from sluiceway.bench.engine_bench import random_prompts as token_prompts
+        from sluiceway.bench.engine_bench import time_engine
+
+        prompts = token_prompts(batch, prompt_tokens, self.vocab, batch)
+        return time_engine(self.core, prompts, output_tokens)
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    """Entry point of `sluiceway bench serve`: run, then print / write the report."""
+    baseline = None
+    if args.engine_baseline:
+        print("engine baseline: loading the model in-process", file=sys.stderr)
+        baseline = EngineBaseline(
+            args.baseline_model,
+            args.baseline_dtype,
+            max(args.concurrency),
+            max_seq_tokens=512 + args.output_tokens,
+        )
+    reports, config = trio.run(run_sweep, args, baseline)
+    if baseline is not None:
+        config["engine_baseline"] = {
+            "model": args.baseline_model,
+            "dtype": baseline.dtype,
+            "prompt_tokens": "the level's mean prompt tokens (from usage), random ids",
+        }
+    print(
+        f"\n{config['api']} streaming, {args.output_tokens} output tokens per request, "
+        f"model {config['model']} at {config['url']}"
+    )
+    print(format_table(reports))
+    if args.engine_baseline:
+        print("\nserver throughput as a fraction of the engine's at the same batch:")
+        for r in reports:
+            frac = r.engine_fraction
+            print(f"  concurrency {r.concurrency}: " + ("-" if frac is None else f"{frac:.0%}"))
+    failed = sum(r.failed for r in reports)
+    if failed:
+        examples = [e for r in reports for e in r.errors]
+        print(f"\n{failed} requests failed; first error: {examples[0] if examples else '?'}")
+    if args.json_out:
+        write_json(args.json_out, reports, config)
+    if args.plot_out:
+        write_plot(
+            args.plot_out,
+            reports,
+            f"{config['model']} ({config['api']}, {args.output_tokens} tokens)",
+        )
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluiceway bench serve", description=__doc__.split("\n\n")[0]
+    )
+    add_serve_bench_arguments(parser)
+    return run_serve_bench(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

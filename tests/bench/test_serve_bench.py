@@ -1,0 +1,139 @@
+"""`sluiceway bench serve` against a real sluiceway server with a scripted runner."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from sluiceway.api.serve import RunningServer
+from sluiceway.bench.serve_bench import add_serve_bench_arguments, main, run_sweep
+from sluiceway.bench.serve_load import RequestRecord
+from sluiceway.bench.serve_report import format_table, percentile
+
+OUTPUT_TOKENS = 7
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_bench_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _ordered(p: dict[str, float | None]) -> bool:
+    values = list(p.values())
+    return all(v is not None for v in values) and values == sorted(values)  # type: ignore[type-var]
+
+
+async def test_sweep_counts_and_percentiles(bench_server: RunningServer) -> None:
+    args = _args(
+        "--url", bench_server.url + "/v1",
+        "--concurrency", "1,4",
+        "--num-requests", "3,8",
+        "--output-tokens", str(OUTPUT_TOKENS),
+        "--warmup", "0",
+        "--no-progress",
+        "--health-probe",
+    )  # fmt: skip
+    with trio.fail_after(30):
+        reports, config = await run_sweep(args)
+    assert config["model"] == "bench-test-model"  # found through /v1/models
+    assert [r.concurrency for r in reports] == [1, 4]
+    assert [r.requests for r in reports] == [3, 8]
+    for r in reports:
+        assert (r.completed, r.failed, r.timed_out) == (r.requests, 0, False), r.errors
+        assert r.output_tokens == OUTPUT_TOKENS * r.requests
+        assert r.output_tok_s > 0 and r.requests_s > 0 and r.duration_s > 0
+        assert r.prompt_tokens_mean and r.prompt_tokens_mean > 5  # from the usage chunk
+        assert _ordered(r.ttft_s) and _ordered(r.itl_s)
+        assert set(r.ttft_s) == set(r.itl_s) == {"p50", "p90", "p99"}
+        assert r.health_s is not None and set(r.health_s) == {"p50", "p99"}
+        assert r.health_failures == 0
+        if r.health_probes:
+            assert _ordered(r.health_s)
+    # The server generated exactly what the report counted: ignore_eos + max_tokens held.
+    assert bench_server.state.engine.stats().generation_tokens_total == OUTPUT_TOKENS * 11
+    table = format_table(reports).splitlines()
+    assert len(table) == 2 + 2 and table[0].startswith("| concurrency |")
+    assert "/health p99 ms" in table[0]
+
+
+async def test_cli_writes_table_json_and_png(
+    bench_server: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_out, plot_out = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = [
+        "--url", bench_server.url,
+        "--api", "completions",
+        "--prompts", "random", "--random-words", "12",
+        "--concurrency", "1,4",
+        "--num-requests", "4",
+        "--output-tokens", str(OUTPUT_TOKENS),
+        "--no-progress",
+        "--json-out", str(json_out),
+        "--plot-out", str(plot_out),
+    ]  # fmt: skip
+    with trio.fail_after(60):
+        rc = await trio.to_thread.run_sync(main, argv)  # its own trio.run in a thread
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| concurrency |" in out and "output tok/s" in out
+    rows = [
+        line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 4 |")
+    ]
+    assert len(rows) == 2
+    payload: dict[str, Any] = json.loads(json_out.read_text())
+    assert payload["config"]["api"] == "completions"
+    assert payload["config"]["num_requests"] == [4, 4]
+    levels = payload["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 4]
+    for lv in levels:
+        assert lv["completed"] == 4 and lv["failed"] == 0
+        assert lv["output_tokens"] == 4 * OUTPUT_TOKENS
+        assert lv["ttft_s"]["p50"] <= lv["ttft_s"]["p90"] <= lv["ttft_s"]["p99"]
+        assert lv["health_s"] is None and lv["engine_tok_s"] is None
+    assert plot_out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_bad_request_is_counted_not_raised(bench_server: RunningServer) -> None:
+    args = _args(
+        "--url", bench_server.url,
+        "--model", "no-such-model",
+        "--concurrency", "2",
+        "--num-requests", "3",
+        "--warmup", "0",
+        "--no-progress",
+    )  # fmt: skip
+    with trio.fail_after(30):
+        reports, _ = await run_sweep(args)
+    (r,) = reports
+    assert (r.completed, r.failed, r.output_tokens) == (0, 3, 0)
+    assert r.errors and r.errors[0].startswith("HTTP 404")
+    assert r.ttft_s == {"p50": None, "p90": None, "p99": None}
+
+
+def test_percentile_and_record_fallback() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 90) == pytest.approx(9.0)
+    record = RequestRecord(start=0.0, first_token=0.5, chunk_times=[0.5, 0.7, 1.0])
+    assert record.output_tokens == 3  # no usage chunk: count content chunks
+    assert record.ttft == 0.5
+    assert record.inter_token_latencies() == pytest.approx([0.2, 0.3])
+    record.usage_tokens = 5
+    assert record.output_tokens == 5
+
+
+def test_num_requests_must_match_levels() -> None:
+    from sluiceway.bench.serve_bench import _request_counts
+
+    assert _request_counts(_args("--concurrency", "1,8")) == [8, 16]
+    assert _request_counts(_args("--concurrency", "1,8", "--num-requests", "5")) == [5, 5]
+    with pytest.raises(SystemExit):
+        _request_counts(_args("--concurrency", "1,8", "--num-requests", "1,2,3"))
+    with pytest.raises(SystemExit):
+        _args("--concurrency", "0,4")
