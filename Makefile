@@ -27,7 +27,7 @@ serve: install
 	$(BIN)/sluiceway serve --host $(HOST) --port $(PORT)
 
 lint: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests fuzz load_tests benchmarks
 
 typecheck: install
 	$(BIN)/mypy src
@@ -42,3 +42,24 @@ bench-engine: install
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
+
+# ---- reliability (load_tests/, fuzz/; see docs/reliability.md) ----------------------
+LOAD_TIME ?= 60s
+LOAD_USERS ?= 16
+FUZZ_SECONDS ?= 60
+SOAK_REQUESTS ?= 5000
+
+.PHONY: load fuzz soak overload
+
+load: install
+	$(BIN)/python load_tests/run_load.py --time $(LOAD_TIME) -u $(LOAD_USERS) --out results/load
+
+fuzz: install
+	$(BIN)/python fuzz/run_atheris.py all --seconds $(FUZZ_SECONDS)
+	$(BIN)/python fuzz/run_schemathesis.py --seconds $(FUZZ_SECONDS)
+
+soak: install
+	$(BIN)/python load_tests/soak.py --requests $(SOAK_REQUESTS) --out results/soak
+
+overload: install
+	$(BIN)/python load_tests/overload.py --seconds 30 --out results/overload

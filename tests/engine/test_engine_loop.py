@@ -132,6 +132,9 @@ async def test_failing_step_reaches_every_open_request(autojump_clock):
             async with engine.generate([97], SamplingParams()):
                 pass
     assert len(results) == 3
+    stats = engine.stats()
+    assert (stats.num_running_seqs, stats.num_waiting_seqs, stats.kv_blocks_used) == (0, 0, 0)
+    assert engine._core.blocks.num_used == 0  # really freed, not only reported
     for deltas in results:
         assert deltas[-1].finish_reason == "error" and "scripted step failure" in deltas[-1].error
 
@@ -195,3 +198,4 @@ async def test_watchdog_fails_a_hung_step_instead_of_hanging(autojump_clock):
         gate.set()  # release the abandoned worker thread
     assert deltas[-1].finish_reason == "error" and "watchdog" in deltas[-1].error
     assert not engine.healthy
+    assert engine.stats().num_running_seqs == 0 and engine.stats().kv_blocks_used == 0

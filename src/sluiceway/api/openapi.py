@@ -166,7 +166,15 @@ def _post(
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": response}}
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        # One server-sent event (as schemathesis and OpenAPI 3.2's itemSchema read a
+        # stream): `data` holds a JSON chunk, an error object, or `[DONE]`.
+        content["text/event-stream"] = {
+            "schema": {
+                "type": "object",
+                "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                "required": ["data"],
+            }
+        }
     return {
         "post": {
             "summary": summary,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -397,12 +398,31 @@ def parse_chat_request(body: Any, vocab_size: int) -> ChatRequest:
     )
 
 
+# A JSON \u escape for a UTF-16 surrogate (D800-DFFF). Valid pairs are fine; a
+# lone one decodes to a str that cannot be encoded as UTF-8 and breaks everything
+# downstream (tokenizer, error messages), so it is a 400 at the edge.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 def parse_json(data: bytes | str) -> Any:
-    """Decode a request body; invalid JSON or non-UTF-8 is a 400."""
+    """Decode a request body; invalid JSON, non-UTF-8 or a lone surrogate is a 400."""
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    raw = data.encode() if isinstance(data, str) else data
+    if _SURROGATE_ESCAPE.search(raw) and not _encodable(value):
+        raise invalid_request("The request body contains an unpaired UTF-16 surrogate escape.")
+    return value
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string in a decoded JSON value is valid Unicode (no lone surrogates)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 __all__ = [

@@ -125,6 +125,11 @@ class EngineCore:
                 aborted.append(seq.seq_id)
         return aborted
 
+    def abort_all(self) -> None:
+        """Drop every request (the engine failed): all KV blocks become free."""
+        for request_id in list(self._requests):
+            self.abort_request(request_id)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

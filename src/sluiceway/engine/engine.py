@@ -95,7 +95,12 @@ class Engine:
         return self._failure
 
     def stats(self) -> EngineStats:
+        """Load and counters. A failed engine holds no requests: it reports nothing
+        running, waiting or using KV blocks, even while an abandoned (hung) step
+        thread still has the core."""
         stats = self._core.stats()
+        if self._failure is not None:
+            return attrs.evolve(stats, num_running_seqs=0, num_waiting_seqs=0, kv_blocks_used=0)
         return attrs.evolve(stats, num_waiting_seqs=stats.num_waiting_seqs + self._queued_choices)
 
     async def wait_idle(self) -> None:
@@ -178,6 +183,7 @@ class Engine:
                 except Exception as exc:
                     logger.exception("engine step failed")
                     self._fail(f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._core.abort_all()  # the step is over, so the core is ours again
                     return
                 if deltas is None:
                     logger.error("engine step exceeded %s s; failing open requests", self.config.step_timeout)
