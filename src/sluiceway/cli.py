@@ -95,6 +95,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--allowed-origins", action="append", default=[], help="CORS origin; repeat for several, or '*'")
     g.add_argument("--drain-grace", type=_positive_float, default=30.0, help="seconds open streams may finish after SIGTERM")
     g.add_argument("--max-body-size", type=parse_size, default=4 << 20, help="largest request body accepted")
+    g.add_argument("--body-timeout", type=_positive_float, default=60.0, help="seconds a request body may take to arrive (then 408)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -109,6 +110,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allowed_origins=tuple(args.allowed_origins),
         drain_grace_seconds=args.drain_grace,
         max_body_bytes=args.max_body_size,
+        body_timeout=args.body_timeout,
     )
     return serve(model_config(args), engine_config(args), server)
 

@@ -51,7 +51,8 @@ class ModelConfig:
 
 @attrs.frozen(kw_only=True)
 class ServerConfig:
-    """HTTP-side settings. `request_timeout=None` lets a request run as long as it needs."""
+    """HTTP-side settings. `request_timeout=None` lets a request run as long as it needs;
+    `body_timeout` is how long a request body may take to arrive (then 408)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -60,3 +61,4 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     drain_grace_seconds: float = attrs.field(default=30.0, validator=_positive)
     max_body_bytes: int = attrs.field(default=4 << 20, validator=_positive)
+    body_timeout: float = attrs.field(default=60.0, validator=_positive)

@@ -306,10 +306,9 @@ async def test_client_that_never_reads(start_server: Any, runner: FaultRunner) -
 
 async def test_body_that_never_finishes(start_server: Any, runner: FaultRunner) -> None:
     async with (
-        start_server() as server,
+        start_server(body_timeout=0.5) as server,
         httpx.AsyncClient(base_url=server.url, timeout=30) as client,
     ):
-        server.app.config["BODY_TIMEOUT"] = 0.5  # quart's default is 60 s (no CLI flag)
         with trio.fail_after(20):
             data = RawStream.request_bytes(server.url, CHAT, chat("slow", max_tokens=5))
             stuck = [await RawStream.connect(server.url) for _ in range(5)]

@@ -121,6 +121,7 @@ def create_app(
         # Streams may run as long as generation does; --request-timeout is the limit.
         RESPONSE_TIMEOUT=None,
         MAX_CONTENT_LENGTH=server_config.max_body_bytes,
+        BODY_TIMEOUT=server_config.body_timeout,
         JSON_SORT_KEYS=False,
     )
     state = ServerState(
