@@ -36,7 +36,8 @@ class ScriptedRunner:
     """A model runner whose next token is `script(chunk)`.
 
     Records every batch it ran. `gate`, when set, makes each step wait on it
-    (a threading.Event the test sets), to hold a step in flight. `fail_on_step`
+    (a threading.Event the test sets), to hold a step in flight; `entered` is set
+    once a step has begun. `fail_on_step`
     makes that step (0-based) raise.
     """
 
@@ -46,8 +47,10 @@ class ScriptedRunner:
     batches: list[StepBatch] = attrs.field(factory=list)
     gate: threading.Event | None = None
     fail_on_step: int | None = None
+    entered: threading.Event = attrs.field(factory=threading.Event)
 
     def step(self, batch: StepBatch) -> list[SampledToken]:
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         step_index = len(self.batches)

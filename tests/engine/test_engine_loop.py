@@ -157,16 +157,17 @@ async def test_queue_bound_and_prompt_length_are_checked_on_entry():
 
 
 async def test_step_runs_in_a_worker_thread_while_the_loop_serves():
-    # No autojump clock here: it competes with wait_all_tasks_blocked for the idle
-    # moment while the step thread is parked, and nothing in this test sleeps.
     gate = threading.Event()
-    engine, _ = make_engine(ScriptedRunner(gate=gate))
+    runner = ScriptedRunner(gate=gate)
+    engine, _ = make_engine(runner)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with engine.generate([97], SamplingParams(max_tokens=2)) as (ch,):
-            # The step is blocked in its thread; the event loop still runs tasks.
-            await trio.testing.wait_all_tasks_blocked()
+            # The step is parked in its thread; this task still runs on the event loop.
+            await trio.to_thread.run_sync(runner.entered.wait)
             assert engine.stats().num_running_seqs == 1
+            with pytest.raises(trio.WouldBlock):
+                ch.receive_nowait()
             gate.set()
             assert len(await collect(ch)) == 2
         nursery.cancel_scope.cancel()
