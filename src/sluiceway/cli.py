@@ -39,6 +39,12 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "triton"],
         help="auto: triton kernels on CUDA, torch elsewhere",
     )
+    group.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8"],
+        help="weight-only int8 linears (CPU: faster for one or two streams, slower for many)",
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +71,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         dtype=args.dtype,
         served_model_name=getattr(args, "served_model_name", None),
         attention_backend=args.attention_backend,
+        quantization=args.quantization,
     )
 
 
@@ -130,7 +137,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from sluiceway.engine.sampling_params import SamplingParams
     from sluiceway.offline import LLM
 
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        attention_backend=args.attention_backend,
+    )
     prompts = [
         p if args.raw else llm.encode_chat([{"role": "user", "content": p}]) for p in args.prompt
     ]

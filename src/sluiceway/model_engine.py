@@ -53,6 +53,7 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
         loaded,
         device=device,
         attention=attention,
+        quantization=model.quantization,
         block_size=engine.block_size,
         num_blocks=engine.num_kv_blocks,
         kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,

@@ -32,13 +32,27 @@ class RequestOutput:
 class LLM:
     """A model and an engine core in this process, driven synchronously.
 
-    `model=None` loads the embedded default model. Engine limits are the keyword
-    arguments of `EngineConfig` (e.g. `max_num_seqs=32`).
+    `model=None` loads the embedded default model; `quantization="int8"` stores
+    weights as int8. Engine limits are the keyword arguments of `EngineConfig`
+    (e.g. `max_num_seqs=32`).
     """
 
-    def __init__(self, model: str | None = None, dtype: str = "auto", **engine_options: object) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        quantization: str | None = None,
+        attention_backend: str = "auto",
+        **engine_options: object,
+    ) -> None:
         self.engine_config = EngineConfig(**engine_options)  # type: ignore[arg-type]
-        self.bundle = load_bundle(ModelConfig(model=model, dtype=dtype), self.engine_config)  # type: ignore[arg-type]
+        model_config = ModelConfig(
+            model=model,
+            dtype=dtype,  # type: ignore[arg-type]
+            quantization=quantization,  # type: ignore[arg-type]
+            attention_backend=attention_backend,  # type: ignore[arg-type]
+        )
+        self.bundle = load_bundle(model_config, self.engine_config)
         self.tokenizer = self.bundle.loaded.tokenizer
         self._core = build_core(self.bundle, self.engine_config)
         self._next_request_id = 0

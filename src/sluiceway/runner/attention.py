@@ -94,9 +94,22 @@ class _PrefillChunk:
 
 
 @attrs.frozen
+class _FreshPrefillGroup:
+    """`count` sequences with no cached prefix whose chunks all have `length` tokens:
+    their keys are exactly this step's k/v rows, so they attend in one batched
+    causal SDPA without reading the cache back."""
+
+    start: int  # the group's rows are start .. start + count * length when rows is None
+    rows: torch.Tensor | None  # int64 [count * length] token rows, sequence by sequence
+    count: int
+    length: int
+
+
+@attrs.frozen
 class _TorchPlan:
     decode: _DecodeGroup | None
     prefills: tuple[_PrefillChunk, ...]
+    fresh: tuple[_FreshPrefillGroup, ...] = ()
 
 
 def _context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -127,7 +140,12 @@ class TorchAttention:
         self.kv_cache = kv_cache
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
-        plan = _TorchPlan(decode=self._plan_decode(meta), prefills=self._plan_prefills(meta))
+        fresh, fresh_seqs = _plan_fresh_prefills(meta)
+        plan = _TorchPlan(
+            decode=self._plan_decode(meta),
+            prefills=self._plan_prefills(meta, skip=fresh_seqs),
+            fresh=fresh,
+        )
         return attrs.evolve(meta, plan=plan)
 
     def _plan_decode(self, meta: AttentionMetadata) -> _DecodeGroup | None:
@@ -147,12 +165,14 @@ class TorchAttention:
         rows = None if idx is None else meta.query_start_loc[idx].to(torch.int64)
         return _DecodeGroup(rows=rows, blocks=blocks, mask=mask)
 
-    def _plan_prefills(self, meta: AttentionMetadata) -> tuple[_PrefillChunk, ...]:
+    def _plan_prefills(
+        self, meta: AttentionMetadata, skip: frozenset[int] = frozenset()
+    ) -> tuple[_PrefillChunk, ...]:
         prefills = []
         start = 0
         for b, q_len in enumerate(meta.query_lens_host):
             seq_len = meta.seq_lens_host[b]
-            if q_len > 1:
+            if q_len > 1 and b not in skip:
                 table = meta.block_tables[b : b + 1]
                 slots = _context_slots(table, seq_len, self.kv_cache.block_size)[0]
                 mask: torch.Tensor | None = None
@@ -179,10 +199,18 @@ class TorchAttention:
         plan = meta.plan if meta.plan is not None else self.prepare(meta).plan
         if plan.decode is not None and plan.decode.rows is None:
             return self._decode(q, layer, plan.decode, meta.scale)
+        if len(plan.fresh) == 1 and plan.fresh[0].count * plan.fresh[0].length == q.shape[0]:
+            return _fresh_prefill(q, k, v, plan.fresh[0], meta.scale)
         out = torch.empty_like(q)
         if plan.decode is not None:
             rows = plan.decode.rows
             out[rows] = self._decode(q[rows], layer, plan.decode, meta.scale)
+        for group in plan.fresh:
+            result = _fresh_prefill(q, k, v, group, meta.scale)
+            if group.rows is None:
+                out[group.start : group.start + result.shape[0]] = result
+            else:
+                out[group.rows] = result
         for chunk in plan.prefills:
             out[chunk.start : chunk.end] = self._prefill(
                 q[chunk.start : chunk.end], k_flat, v_flat, chunk, meta.scale
@@ -220,3 +248,49 @@ class TorchAttention:
             enable_gqa=True,
         )
         return out.transpose(0, 1)
+
+
+def _plan_fresh_prefills(
+    meta: AttentionMetadata,
+) -> tuple[tuple[_FreshPrefillGroup, ...], frozenset[int]]:
+    """Group the prefill chunks without a cached prefix by length (engines usually
+    admit several prompts at once; one SDPA per group instead of one per prompt)."""
+    by_length: dict[int, list[tuple[int, int]]] = {}
+    start = 0
+    for b, q_len in enumerate(meta.query_lens_host):
+        if q_len > 1 and meta.seq_lens_host[b] == q_len:
+            by_length.setdefault(q_len, []).append((b, start))
+        start += q_len
+    groups = []
+    for length, members in by_length.items():
+        first = members[0][1]
+        contiguous = all(s == first + i * length for i, (_, s) in enumerate(members))
+        rows = None
+        if not contiguous:
+            starts = torch.tensor([s for _, s in members], device=meta.seq_lens.device)
+            offsets = torch.arange(length, device=starts.device)
+            rows = (starts[:, None] + offsets).reshape(-1)
+        groups.append(_FreshPrefillGroup(first, rows, len(members), length))
+    seqs = frozenset(b for members in by_length.values() for b, _ in members)
+    return tuple(groups), seqs
+
+
+def _fresh_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _FreshPrefillGroup, scale: float
+) -> torch.Tensor:
+    """Causal attention of a `_FreshPrefillGroup` over its own k/v: `[count * length, H, D]`."""
+    if group.rows is None:
+        span = slice(group.start, group.start + group.count * group.length)
+        q, k, v = q[span], k[span], v[span]
+    else:
+        q, k, v = q[group.rows], k[group.rows], v[group.rows]
+    shape = (group.count, group.length)
+    out = F.scaled_dot_product_attention(
+        q.unflatten(0, shape).transpose(1, 2),
+        k.unflatten(0, shape).transpose(1, 2).to(q.dtype),
+        v.unflatten(0, shape).transpose(1, 2).to(q.dtype),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:])

@@ -81,7 +81,9 @@ class TorchModelRunner:
 
     Give exactly one of `num_blocks` or `kv_cache_bytes` (a memory budget; the
     runner takes as many whole blocks as fit). `attention` builds the attention
-    backend over the allocated cache (default `TorchAttention`).
+    backend over the allocated cache (default `TorchAttention`). `quantization="int8"`
+    stores the linear weights as weight-only int8 (faster at batch 1, slower at
+    large batches, not exact; see `runner/linear.py`).
     """
 
     def __init__(
@@ -95,11 +97,14 @@ class TorchModelRunner:
         num_blocks: int | None = None,
         kv_cache_bytes: int | None = None,
         attention: AttentionFactory | None = None,
+        quantization: str | None = None,
     ) -> None:
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
         self.device = torch.device(device)
-        self.model = LlamaModel(hf_config, state_dict, dtype=dtype, device=self.device)
+        self.model = LlamaModel(
+            hf_config, state_dict, dtype=dtype, device=self.device, quantization=quantization
+        )
         shape = self.model.shape
         if kv_cache_bytes is not None:
             per_block = kv_cache_bytes_per_block(
@@ -134,6 +139,7 @@ class TorchModelRunner:
         num_blocks: int | None = None,
         kv_cache_bytes: int | None = None,
         attention: AttentionFactory | None = None,
+        quantization: str | None = None,
     ) -> TorchModelRunner:
         """Build from `load_model(...)`, in the loaded dtype."""
         return cls(
@@ -145,6 +151,7 @@ class TorchModelRunner:
             num_blocks=num_blocks,
             kv_cache_bytes=kv_cache_bytes,
             attention=attention,
+            quantization=quantization,
         )
 
     @property

@@ -132,15 +132,41 @@ def _draw(probs: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor
         gen = torch.Generator(device=probs.device)
         gen.manual_seed(c.step_seed & _SEED_MASK)
         noise[r].exponential_(generator=gen)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / noise).max(dim=-1).indices
+
+
+# Rows per block in `_argmax_and_logsumexp`: 4 x 49152 float32 logits (768 KiB)
+# stay in L2 across the block's four passes.
+_ROW_BLOCK = 4
+
+
+def _argmax_and_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: index of the first maximum (as `argmax`) and logsumexp.
+
+    Done a few rows at a time because the whole `[S, vocab]` tensor is far larger
+    than the caches and each full pass re-reads it from memory; block by block the
+    max, shift, exp and sum passes hit L2. Measured 5 ms -> 1.1 ms for 32 rows of a
+    49k vocabulary with caches cold. (`max` rather than `argmax`: same index, and
+    `argmax`'s reduction does not vectorize on CPU.)"""
+    indices, lse = [], []
+    for block in logits.split(_ROW_BLOCK):
+        values, idx = block.max(dim=-1)
+        shift = torch.where(values.isfinite(), values, torch.zeros_like(values))
+        total = (block - shift[:, None]).exp_().sum(dim=-1)
+        indices.append(idx)
+        lse.append(total.log_() + shift)
+    return torch.cat(indices), torch.cat(lse)
 
 
 def _logprob_info(
-    logits: torch.Tensor, tokens: torch.Tensor, chunks: Sequence[ScheduledChunk]
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    lse: torch.Tensor,
+    chunks: Sequence[ScheduledChunk],
 ) -> tuple[list[float], list[tuple[tuple[int, float], ...]]]:
-    """The chosen tokens' raw log-probabilities (one cheap logsumexp for all rows),
+    """The chosen tokens' raw log-probabilities (given each row's logsumexp `lse`),
     plus top-k alternatives for the rows that ask for them."""
-    chosen = logits.gather(1, tokens[:, None])[:, 0] - logits.logsumexp(dim=-1)
+    chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
     tops: list[tuple[tuple[int, float], ...]] = [()] * len(chunks)
     counts = {r: c.params.logprobs for r, c in enumerate(chunks) if c.params.logprobs}
     wanted = list(counts)
@@ -166,13 +192,15 @@ def sample(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[Sampl
     if needs_processing:
         _apply_bias_and_suppression(processed, chunks)
         _apply_penalties(processed, chunks)
-    tokens = processed.argmax(dim=-1)
+    tokens, lse = _argmax_and_logsumexp(raw)
+    if needs_processing:
+        tokens = processed.max(dim=-1).indices
     sampled = [r for r, c in enumerate(chunks) if not c.params.greedy]
     if sampled:
         sampled_chunks = [chunks[r] for r in sampled]
         probs = _filter(processed[sampled], sampled_chunks)
         tokens[sampled] = _draw(probs, sampled_chunks)
-    logprobs, tops = _logprob_info(raw, tokens, chunks)
+    logprobs, tops = _logprob_info(raw, tokens, lse, chunks)
     return [
         SampledToken(seq_id=c.seq_id, token_id=t, logprob=lp, top_logprobs=top)
         for c, t, lp, top in zip(chunks, tokens.tolist(), logprobs, tops, strict=True)

@@ -1,0 +1,117 @@
+"""The CPU fast paths: prepacked half-precision linears, weight-only int8, batched
+prefill of prompts without a cached prefix, and the half-precision RMSNorm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sluiceway.engine.batch import ScheduledChunk, StepBatch
+from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.runner.linear import Linear
+from sluiceway.runner.model_runner import TorchModelRunner
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _chunk(seq_id, tokens, start, table, sample=True) -> ScheduledChunk:
+    return ScheduledChunk(
+        seq_id=seq_id,
+        token_ids=tokens,
+        start_pos=start,
+        block_table=table,
+        sample=sample,
+        params=GREEDY,
+    )
+
+
+def _runner(hf_model, dtype=torch.float32, **kwargs) -> TorchModelRunner:
+    return TorchModelRunner(
+        hf_model.config, hf_model.state_dict(), dtype=dtype, block_size=4, num_blocks=64, **kwargs
+    )
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_packed_bfloat16_linear_equals_f_linear(bias, rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
+    b = torch.randn(96, generator=gen).to(torch.bfloat16) if bias else None
+    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    layer = Linear(weight, b)
+    if torch.backends.mkldnn.is_available():
+        assert layer.kind == "mkldnn"
+    assert torch.equal(layer(x), F.linear(x, weight, b))
+
+
+def test_float32_linear_stays_plain_f_linear():
+    weight = torch.randn(8, 4)
+    layer = Linear(weight)
+    assert layer.kind == "plain" and layer.weight is weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_is_close(dtype):
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(128, 64, generator=gen)
+    bias = torch.randn(128, generator=gen)
+    x = torch.randn(7, 64, generator=gen)
+    layer = Linear(weight.to(dtype), bias.to(dtype), quantization="int8")
+    assert layer.kind == "int8" and layer.weight.dtype is torch.int8
+    got = layer(x.to(dtype)).float()
+    want = F.linear(x, weight, bias)
+    assert got.dtype is torch.float32
+    assert (got - want).norm() / want.norm() < 0.02
+
+
+def test_unknown_quantization_is_rejected():
+    with pytest.raises(ValueError, match="quantization"):
+        Linear(torch.randn(4, 4), quantization="int3")
+
+
+def _last_token_logits(hf_model, prompt) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0, -1]
+
+
+def test_mixed_step_with_grouped_fresh_prefills_matches_hf(tiny_llama):
+    """Fresh prompts of equal length that are not adjacent in the batch (a decode and
+    a chunk with a cached prefix sit between them) are attended as one group."""
+    runner = _runner(tiny_llama)
+    decode_prompt, continued = [7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25]
+    runner.step(StepBatch(chunks=(_chunk(0, decode_prompt, 0, [1, 2]),)))
+    runner.step(StepBatch(chunks=(_chunk(1, continued[:3], 0, [3, 4], sample=False),)))
+    decode_token = 42
+    fresh = {2: [5, 17, 99, 4], 3: [250, 11, 3], 4: [31, 32, 33, 34], 5: [60, 61, 62]}
+    chunks = (
+        _chunk(2, fresh[2], 0, [5]),
+        _chunk(0, [decode_token], 5, [1, 2]),
+        _chunk(3, fresh[3], 0, [6]),
+        _chunk(1, continued[3:], 3, [3, 4]),
+        _chunk(4, fresh[4], 0, [7]),
+        _chunk(5, fresh[5], 0, [8]),
+    )
+    got = runner.forward_logits(StepBatch(chunks=chunks))
+    prompts = [
+        fresh[2],
+        [*decode_prompt, decode_token],
+        fresh[3],
+        continued,
+        fresh[4],
+        fresh[5],
+    ]
+    want = torch.stack([_last_token_logits(tiny_llama, p) for p in prompts])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_bfloat16_and_int8_runners_stay_close_to_float32(tiny_llama, quantization):
+    prompts = [[5, 17, 99, 4, 203, 76, 31], [250, 11, 9, 9, 9, 9, 9]]
+    chunks = tuple(_chunk(i, p, 0, [1 + 2 * i, 2 + 2 * i]) for i, p in enumerate(prompts))
+    want = _runner(tiny_llama).forward_logits(StepBatch(chunks=chunks))
+    runner = _runner(tiny_llama, dtype=torch.bfloat16, quantization=quantization)
+    got = runner.forward_logits(StepBatch(chunks=chunks))
+    assert got.dtype is torch.float32
+    cos = F.cosine_similarity(got, want, dim=-1)
+    assert cos.min() > 0.99
