@@ -13,6 +13,7 @@ import attrs
 
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.core import EngineCore
+from sluiceway.engine.model_thread import ModelThread
 
 if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
@@ -24,18 +25,31 @@ logger = logging.getLogger(__name__)
 
 @attrs.frozen
 class ModelBundle:
-    """A loaded model and the runner built over it."""
+    """A loaded model, the runner built over it, and the thread that did the torch
+    work (None: the caller's thread). Steps should run on that same thread."""
 
     loaded: LoadedModel
     runner: TorchModelRunner
+    thread: ModelThread | None = None
 
     @property
     def name(self) -> str:
         return self.loaded.name
 
 
+def load_bundle_on_thread(model: ModelConfig, engine: EngineConfig, *, progress: bool = True) -> ModelBundle:
+    """`load_bundle` run on a new `ModelThread`, which the engine then steps on."""
+    thread = ModelThread()
+    try:
+        bundle = thread.call(lambda: load_bundle(model, engine, progress=progress))
+    except BaseException:
+        thread.stop()
+        raise
+    return attrs.evolve(bundle, thread=thread)
+
+
 def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = True) -> ModelBundle:
-    """Load weights and tokenizer and allocate the KV cache.
+    """Load weights and tokenizer and allocate the KV cache on the calling thread.
 
     Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
     """
@@ -71,6 +85,7 @@ def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
         config,
         eos_token_ids=bundle.loaded.eos_token_ids,
         max_model_len=bundle.loaded.max_model_len,
+        model_thread=bundle.thread,
     )
 
 

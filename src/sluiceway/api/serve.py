@@ -137,7 +137,7 @@ def build_engine(
     Raises `ModelLoadError` for a missing or unreadable model."""
     from sluiceway import model_engine
 
-    bundle = model_engine.load_bundle(model_config, engine_config)
+    bundle = model_engine.load_bundle_on_thread(model_config, engine_config)
     engine = model_engine.build_engine(bundle, engine_config)
     vocab = getattr(bundle.loaded.hf_config, "vocab_size", None)
     return engine, model_config.served_model_name or bundle.name, vocab

@@ -23,6 +23,7 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
+from sluiceway.engine.model_thread import ModelThread
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -58,8 +59,14 @@ class Engine:
         *,
         eos_token_ids: Iterable[int],
         max_model_len: int,
+        model_thread: ModelThread | None = None,
     ) -> None:
+        """`model_thread` runs every step; pass the thread that loaded the model so
+        all torch work stays on one OS thread (see `model_thread.py`). Without one,
+        the engine starts its own and stops it when `run` ends."""
         self.tokenizer = tokenizer
+        self._owns_thread = model_thread is None
+        self._model_thread = model_thread or ModelThread()
         self.config = config
         model_len = min(max_model_len, config.max_model_len or max_model_len)
         self._core = EngineCore(
@@ -80,7 +87,6 @@ class Engine:
         self._request_ids = itertools.count()
         self._failure: str | None = None
         self._closed = False
-        self._step_limiter = trio.CapacityLimiter(1)
         self._step_boundary = trio.lowlevel.ParkingLot()
 
     # ---- caller side ------------------------------------------------------------
@@ -167,8 +173,9 @@ class Engine:
 
         A failing step does not raise out of here: every open choice receives an
         error delta, the engine turns unhealthy and later requests are refused.
-        On cancellation the step in flight finishes (threads cannot be
-        interrupted), then every open choice receives an error delta.
+        On cancellation the step in flight finishes (a thread cannot be
+        interrupted; with a watchdog it is abandoned instead), then every open
+        choice receives an error delta.
         """
         task_status.started()
         try:
@@ -194,6 +201,8 @@ class Engine:
         finally:
             if self._failure is None:
                 self._fail("the engine stopped")
+            if self._owns_thread:
+                self._model_thread.stop()
 
     async def _step_with_watchdog(self) -> list[tuple[int, ChoiceDelta]] | None:
         """Run one step in the worker thread; None if it outran `step_timeout`.
@@ -203,11 +212,9 @@ class Engine:
         """
         timeout = self.config.step_timeout
         if timeout is None:
-            return await trio.to_thread.run_sync(self._core.step, limiter=self._step_limiter)
+            return await self._model_thread.run(self._core.step)
         with trio.move_on_after(timeout):
-            return await trio.to_thread.run_sync(
-                self._core.step, limiter=self._step_limiter, abandon_on_cancel=True
-            )
+            return await self._model_thread.run(self._core.step, abandon_on_cancel=True)
         return None
 
     def _drain_inbox(self) -> None:

@@ -1,0 +1,104 @@
+"""One long-lived OS thread for all model work.
+
+torch's CPU kernels run on an OpenMP thread team that belongs to the OS thread
+that calls them. Each calling thread gets its own team, and idle teams keep
+spinning: on this 2-core machine a second team (model loaded on the main thread,
+steps run on a trio worker thread) made every decode step ~1.7x slower
+(measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
+run torch). So loading, warm-up and every step run on this one thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], Callable[[outcome.Outcome[Any]], None]]
+
+
+def _STOP() -> None:
+    raise AssertionError("the stop sentinel is never run")
+
+
+def _ignore(_: outcome.Outcome[Any]) -> None:
+    pass
+
+
+class ModelThread:
+    """Runs submitted functions one at a time, in order, on a single daemon thread."""
+
+    def __init__(self, name: str = "sluiceway-model") -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._start_lock = threading.Lock()
+
+    def _put(self, job: _Job) -> None:
+        with self._start_lock:  # started on first use, so an unused one costs nothing
+            if not self._thread.is_alive() and self._thread.ident is None:
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            fn, deliver = self._jobs.get()
+            if fn is _STOP:
+                return
+            deliver(outcome.capture(fn))
+
+    def stop(self) -> None:
+        """Let the thread exit once the jobs already queued are done."""
+        if self._thread.ident is not None:
+            self._jobs.put((_STOP, _ignore))
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the model thread and wait for it (for code outside trio)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        done = threading.Event()
+        box: list[outcome.Outcome[T]] = []
+
+        def deliver(result: outcome.Outcome[T]) -> None:
+            box.append(result)
+            done.set()
+
+        self._put((fn, deliver))
+        done.wait()
+        return box[0].unwrap()
+
+    async def run(self, fn: Callable[[], T], *, abandon_on_cancel: bool = False) -> T:
+        """Run `fn` on the model thread from trio; returns or raises what it did.
+
+        Like `trio.to_thread.run_sync`: cancellation waits for `fn` to finish, unless
+        `abandon_on_cancel`, in which case the task is cancelled at once and `fn`'s
+        result is dropped when it eventually arrives.
+        """
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+        abandoned = False
+
+        def deliver(result: outcome.Outcome[T]) -> None:
+            def resume() -> None:
+                if not abandoned:
+                    trio.lowlevel.reschedule(task, result)
+
+            try:
+                token.run_sync_soon(resume)
+            except trio.RunFinishedError:
+                pass  # the trio run ended while the job ran: nobody is waiting
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            nonlocal abandoned
+            if abandon_on_cancel:
+                abandoned = True
+                return trio.lowlevel.Abort.SUCCEEDED
+            return trio.lowlevel.Abort.FAILED
+
+        self._put((fn, deliver))
+        return await trio.lowlevel.wait_task_rescheduled(abort)
