@@ -51,10 +51,11 @@ async def running_server(
     *,
     engine_config: EngineConfig | None = None,
     max_model_len: int = 2048,
+    model_name: str = MODEL,
     **server_kw: Any,
 ) -> AsyncIterator[RunningServer]:
-    """Serve an Engine over `runner`; on exit the runner is released (a gated step
-    never outlives the test) and the server is cancelled."""
+    """Serve an Engine over `runner`; on exit a gated runner is released (a held
+    step never outlives the test) and the server is cancelled."""
     engine = Engine(
         runner,
         tokenizer,
@@ -65,12 +66,14 @@ async def running_server(
     config = ServerConfig(host="127.0.0.1", port=0, **server_kw)
     async with trio.open_nursery() as nursery:
         server: RunningServer = await nursery.start(
-            partial(serve_async, engine, server_config=config, model_name=MODEL)
+            partial(serve_async, engine, server_config=config, model_name=model_name)
         )
         try:
             yield server
         finally:
-            runner.release()
+            release = getattr(runner, "release", None)
+            if release is not None:
+                release()
             nursery.cancel_scope.cancel()
 
 
@@ -78,3 +81,9 @@ async def running_server(
 def start_server(runner: Any, tokenizer: Any) -> Callable[..., Any]:
     """`async with start_server(engine_config=..., **ServerConfig kwargs) as server:`"""
     return partial(running_server, runner, tokenizer)
+
+
+@pytest.fixture
+def serve_runner(tokenizer: Any) -> Callable[..., Any]:
+    """`async with serve_runner(runner, **kwargs) as server:` for any runner."""
+    return partial(running_server, tokenizer=tokenizer)

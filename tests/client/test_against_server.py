@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from functools import partial
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
-from sluiceway.api.serve import RunningServer, serve_async
+from sluiceway.api.serve import RunningServer
 from sluiceway.client import (
     AsyncClient,
     BadRequestError,
@@ -22,9 +21,7 @@ from sluiceway.client import (
     CompletionRequest,
     NotFoundError,
 )
-from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.batch import SampledToken, StepBatch
-from sluiceway.engine.engine import Engine
 from sluiceway.protocol import ChatCompletion, Completion
 
 MODEL = "client-test-model"
@@ -50,6 +47,8 @@ class GateRunner:
         self._open.set()
         self._permits.release(1_000_000)
 
+    release = open  # what the shared server fixture calls on teardown
+
     def step(self, batch: StepBatch) -> list[SampledToken]:
         if self.gated and not self._open.is_set():
             self._permits.acquire()
@@ -70,31 +69,11 @@ def live_runner(word_ids: tuple[int, ...]) -> Iterator[GateRunner]:
 
 
 @pytest.fixture
-async def live_server(live_runner: GateRunner, tokenizer: Any) -> AsyncIterator[RunningServer]:
-    engine = Engine(
-        live_runner,
-        tokenizer,
-        EngineConfig(),
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-        max_model_len=2048,
-    )
-    config = ServerConfig(host="127.0.0.1", port=0)
-    async with trio.open_nursery() as nursery:
-        server: RunningServer = await nursery.start(
-            partial(
-                serve_async,
-                engine,
-                server_config=config,
-                model_name=MODEL,
-                model_vocab_size=None,
-                handle_signals=False,
-            )
-        )
-        try:
-            yield server
-        finally:
-            live_runner.open()
-            nursery.cancel_scope.cancel()
+async def live_server(
+    live_runner: GateRunner, serve_runner: Callable[..., Any]
+) -> AsyncIterator[RunningServer]:
+    async with serve_runner(live_runner, model_name=MODEL) as server:
+        yield server
 
 
 @pytest.fixture
