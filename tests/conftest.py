@@ -6,15 +6,21 @@ own `runner` fixture on an ephemeral loopback port inside the test's nursery."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from sluiceway.api.serve import RunningServer, serve_async
+
+# Helper modules shared by several suites (server_helpers.py) sit beside this file;
+# importlib mode does not put it on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 

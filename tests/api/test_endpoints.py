@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import trio
 
+from server_helpers import chat, stream
 from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner
-from .helpers import chat, stream
 
 METRICS = [
     "sluiceway_requests_running",

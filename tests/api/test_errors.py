@@ -7,8 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
+from server_helpers import chat
+
 from .conftest import MODEL
-from .helpers import chat
 
 C, X = "/v1/chat/completions", "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]

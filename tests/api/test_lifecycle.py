@@ -7,11 +7,11 @@ from typing import Any
 import httpx
 import trio
 
+from server_helpers import RawStream, StreamResult, chat, count_content, eventually, stream
 from sluiceway.api.serve import RunningServer
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner
-from .helpers import RawStream, StreamResult, chat, count_content, eventually, stream
 
 C = "/v1/chat/completions"
 

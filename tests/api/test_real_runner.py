@@ -10,12 +10,12 @@ import httpx
 import pytest
 import trio
 
+from server_helpers import stream
 from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 
 from .conftest import MODEL
-from .helpers import stream
 
 torch = pytest.importorskip("torch")
 

@@ -9,11 +9,11 @@ import httpx
 import openai
 import trio
 
+from server_helpers import StreamResult, chat, parse_event, stream
 from sluiceway.api.serve import RunningServer
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner
-from .helpers import StreamResult, chat, parse_event, stream
 
 QUESTIONS = [
     "Explain quantum computing.",

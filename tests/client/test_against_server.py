@@ -12,6 +12,7 @@ import attrs
 import pytest
 import trio
 
+from server_helpers import eventually
 from sluiceway.api.serve import RunningServer
 from sluiceway.client import (
     AsyncClient,
@@ -84,14 +85,6 @@ async def live(live_server: RunningServer) -> AsyncIterator[AsyncClient]:
 
 def _user(content: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": content}]
-
-
-async def _eventually(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
-    """For state on the far side of a socket or in the engine's worker thread, where
-    there is no event to await; the limit only turns a hang into a failure."""
-    with trio.fail_after(limit_s):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.005)
 
 
 def _aborted(server: RunningServer) -> float:
@@ -239,7 +232,7 @@ async def test_leaving_a_stream_midway_aborts_in_the_engine(
                     break  # mid-way: leaving the block closes the HTTP stream
             assert (await live.metrics())["sluiceway_requests_running"] == 1
         # The server sees the hang-up and aborts the choice...
-        await _eventually(lambda: _aborted(live_server) == 1)
+        await eventually(lambda: _aborted(live_server) == 1)
         live_runner.open()  # ...and the engine drops it at its next step.
         await engine.wait_idle()
         stats = engine.stats()
@@ -267,7 +260,7 @@ async def test_cancelling_stream_choices_drops_every_choice(
                 scope.cancel()  # a trio cancellation, as a deadline or Ctrl-C would be
                 await trio.sleep_forever()
         assert scope.cancelled_caught
-        await _eventually(lambda: _aborted(live_server) == 4)
+        await eventually(lambda: _aborted(live_server) == 4)
         live_runner.open()
         await engine.wait_idle()
         assert engine.stats().num_running_seqs == 0

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import trio
 from reliability_fakes import FaultRunner
-from reliability_helpers import (
+
+from server_helpers import (
     CHAT,
     COMPLETIONS,
     RawStream,
@@ -26,7 +27,6 @@ from reliability_helpers import (
     finished_total,
     stream,
 )
-
 from sluiceway.config import EngineConfig
 
 

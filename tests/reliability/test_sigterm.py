@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import trio
 from load_server import ServerProcess
-from reliability_helpers import CHAT, StreamResult, chat, parse_event
+
+from server_helpers import CHAT, StreamResult, chat, parse_event
 
 
 async def _stream(

@@ -1,4 +1,5 @@
-"""Small helpers for driving the server in tests."""
+"""Client-side helpers for tests that drive a real server: SSE parsing, raw sockets,
+polling across a socket, request bodies, and metric/engine readings."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 import attrs
 import httpx
 import trio
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 
 
 @attrs.define
@@ -39,6 +43,10 @@ class StreamResult:
 
     def finish_reasons(self) -> dict[int, str | None]:
         return {i: cs[-1]["finish_reason"] for i, cs in self.by_index().items()}
+
+    def usage(self) -> dict[str, Any] | None:
+        with_usage = [c for c in self.chunks if c.get("usage")]
+        return with_usage[-1]["usage"] if with_usage else None
 
     def check_well_formed(self) -> None:
         """Each choice: role first (chat), finish_reason only on its last chunk; [DONE] last."""
@@ -92,6 +100,10 @@ def chat(content: str, **kw: Any) -> dict[str, Any]:
     return {"model": "test-model", "messages": [{"role": "user", "content": content}]} | kw
 
 
+def completion(prompt: Any, **kw: Any) -> dict[str, Any]:
+    return {"model": "test-model", "prompt": prompt} | kw
+
+
 class RawStream:
     """A bare HTTP/1.1 request over a trio socket, for reading part of a response and
     hanging up (httpx's nested async generators can't be abandoned cleanly)."""
@@ -101,16 +113,25 @@ class RawStream:
         self.buffer = b""
 
     @classmethod
-    async def post(cls, url: str, path: str, body: dict[str, Any]) -> RawStream:
+    async def connect(cls, url: str) -> RawStream:
         host, port = url.removeprefix("http://").split(":")
-        sock = await trio.open_tcp_stream(host, int(port))
+        return cls(await trio.open_tcp_stream(host, int(port)))
+
+    @staticmethod
+    def request_bytes(url: str, path: str, body: dict[str, Any]) -> bytes:
+        host = url.removeprefix("http://")
         data = json.dumps(body).encode()
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
         ).encode()
-        await sock.send_all(head + data)
-        return cls(sock)
+        return head + data
+
+    @classmethod
+    async def post(cls, url: str, path: str, body: dict[str, Any]) -> RawStream:
+        raw = await cls.connect(url)
+        await raw.sock.send_all(cls.request_bytes(url, path, body))
+        return raw
 
     async def read_until(self, predicate: Callable[[bytes], bool]) -> None:
         while not predicate(self.buffer):
@@ -137,9 +158,28 @@ class RawStream:
                 parse_event(line.decode(), result)
         return result
 
+    def status(self) -> int:
+        return int(self.buffer.split(b" ", 2)[1])
+
     async def aclose(self) -> None:
         await self.sock.aclose()
 
 
 def count_content(buffer: bytes) -> int:
-    return buffer.count(b'"delta":{"content":')
+    return buffer.count(b'"delta":{"content":') + buffer.count(b'"text":')
+
+
+def finished(server: Any, reason: str) -> float:
+    value = server.state.metrics.registry.get_sample_value(
+        "sluiceway_requests_finished_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+def finished_total(server: Any) -> float:
+    return sum(finished(server, r) for r in ("stop", "length", "abort", "timeout", "error"))
+
+
+def engine_empty(server: Any) -> bool:
+    s = server.state.engine.stats()
+    return s.num_running_seqs == 0 and s.num_waiting_seqs == 0 and s.kv_blocks_used == 0
