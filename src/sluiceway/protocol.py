@@ -44,6 +44,35 @@ JSON = dict[str, Any]
 def _opt(cls: Any, value: Any) -> Any:
     return None if value is None else cls.from_dict(value)
 
+def _envelope_fields(d: Mapping[str, Any], choice_type: Any, default_object: str) -> JSON:
+    """Constructor arguments shared by the four response envelopes (full and chunked,
+    chat and completions); they differ only in their choice type and object name."""
+    return {
+        "id": str(d.get("id", "")),
+        "model": str(d.get("model", "")),
+        "choices": [choice_type.from_dict(c) for c in d.get("choices") or []],
+        "created": int(d.get("created") or 0),
+        "usage": _opt(Usage, d.get("usage")),
+        "object": d.get("object") or default_object,
+        "system_fingerprint": d.get("system_fingerprint"),
+    }
+
+
+def _envelope_dict(envelope: Any, *, usage_always: bool) -> JSON:
+    """The wire form of an envelope. Full responses always carry `usage` (null when
+    unknown); a chunk carries it only when it is the usage chunk."""
+    d: JSON = {
+        "id": envelope.id,
+        "object": envelope.object,
+        "created": envelope.created,
+        "model": envelope.model,
+        "system_fingerprint": envelope.system_fingerprint,
+        "choices": [c.to_dict() for c in envelope.choices],
+    }
+    if usage_always or envelope.usage is not None:
+        d["usage"] = None if envelope.usage is None else envelope.usage.to_dict()
+    return d
+
 
 def _drop_none(d: JSON, *keys: str) -> JSON:
     for key in keys:
@@ -283,26 +312,10 @@ class ChatCompletion:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ChatCompletion:
-        return cls(
-            id=str(d.get("id", "")),
-            model=str(d.get("model", "")),
-            choices=[ChatCompletionChoice.from_dict(c) for c in d.get("choices") or []],
-            created=int(d.get("created") or 0),
-            usage=_opt(Usage, d.get("usage")),
-            object=d.get("object") or "chat.completion",
-            system_fingerprint=d.get("system_fingerprint"),
-        )
+        return cls(**_envelope_fields(d, ChatCompletionChoice, "chat.completion"))
 
     def to_dict(self) -> JSON:
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [c.to_dict() for c in self.choices],
-            "usage": None if self.usage is None else self.usage.to_dict(),
-        }
+        return _envelope_dict(self, usage_always=True)
 
 
 @attrs.frozen
@@ -371,28 +384,10 @@ class ChatCompletionChunk:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ChatCompletionChunk:
-        return cls(
-            id=str(d.get("id", "")),
-            model=str(d.get("model", "")),
-            choices=[ChatCompletionChunkChoice.from_dict(c) for c in d.get("choices") or []],
-            created=int(d.get("created") or 0),
-            usage=_opt(Usage, d.get("usage")),
-            object=d.get("object") or "chat.completion.chunk",
-            system_fingerprint=d.get("system_fingerprint"),
-        )
+        return cls(**_envelope_fields(d, ChatCompletionChunkChoice, "chat.completion.chunk"))
 
     def to_dict(self) -> JSON:
-        d: JSON = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [c.to_dict() for c in self.choices],
-        }
-        if self.usage is not None:
-            d["usage"] = self.usage.to_dict()
-        return d
+        return _envelope_dict(self, usage_always=False)
 
 
 # --------------------------------------------------------------------- completions
@@ -444,26 +439,10 @@ class Completion:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Completion:
-        return cls(
-            id=str(d.get("id", "")),
-            model=str(d.get("model", "")),
-            choices=[CompletionChoice.from_dict(c) for c in d.get("choices") or []],
-            created=int(d.get("created") or 0),
-            usage=_opt(Usage, d.get("usage")),
-            object=d.get("object") or "text_completion",
-            system_fingerprint=d.get("system_fingerprint"),
-        )
+        return cls(**_envelope_fields(d, CompletionChoice, "text_completion"))
 
     def to_dict(self) -> JSON:
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [c.to_dict() for c in self.choices],
-            "usage": None if self.usage is None else self.usage.to_dict(),
-        }
+        return _envelope_dict(self, usage_always=True)
 
 
 @attrs.frozen
@@ -480,28 +459,10 @@ class CompletionChunk:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CompletionChunk:
-        return cls(
-            id=str(d.get("id", "")),
-            model=str(d.get("model", "")),
-            choices=[CompletionChoice.from_dict(c) for c in d.get("choices") or []],
-            created=int(d.get("created") or 0),
-            usage=_opt(Usage, d.get("usage")),
-            object=d.get("object") or "text_completion",
-            system_fingerprint=d.get("system_fingerprint"),
-        )
+        return cls(**_envelope_fields(d, CompletionChoice, "text_completion"))
 
     def to_dict(self) -> JSON:
-        d: JSON = {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [c.to_dict() for c in self.choices],
-        }
-        if self.usage is not None:
-            d["usage"] = self.usage.to_dict()
-        return d
+        return _envelope_dict(self, usage_always=False)
 
 
 # --------------------------------------------------------------------------- models
