@@ -42,8 +42,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--quantization",
         default=None,
-        choices=["int8"],
-        help="weight-only int8 linears (CPU: faster for one or two streams, slower for many)",
+        choices=["int8", "int4"],
+        help="weight-only quantized linears (CPU: much faster for a few streams; changes outputs)",
     )
 
 

@@ -8,7 +8,7 @@ import attrs
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
-Quantization = Literal["int8"]
+Quantization = Literal["int8", "int4"]
 
 
 def _positive(instance: object, attribute: attrs.Attribute, value: int | float | None) -> None:
@@ -43,8 +43,10 @@ class EngineConfig:
 class ModelConfig:
     """Which model to load and how to run it. `model=None` is the embedded default
     (SmolLM2-135M-Instruct). `attention_backend="auto"` is triton on CUDA, torch elsewhere.
-    `quantization="int8"` stores linear weights as weight-only int8: faster at batch 1
-    on CPU, slower at large batches, and not exact."""
+    `quantization` ("int8" or "int4") stores linear weights weight-only quantized:
+    on CPU steps with few sequences read far fewer weight bytes and run faster,
+    larger steps use the dequantized weights densely; outputs are those of the
+    quantized model, not the original (see `runner/linear.py`)."""
 
     model: str | None = None
     dtype: DType = "auto"

@@ -63,15 +63,18 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     loaded = load_model(model.model, model.dtype, progress=progress)
-    runner = TorchModelRunner.from_loaded(
-        loaded,
-        device=device,
-        attention=attention,
-        quantization=model.quantization,
-        block_size=engine.block_size,
-        num_blocks=engine.num_kv_blocks,
-        kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
-    )
+    try:
+        runner = TorchModelRunner.from_loaded(
+            loaded,
+            device=device,
+            attention=attention,
+            quantization=model.quantization,
+            block_size=engine.block_size,
+            num_blocks=engine.num_kv_blocks,
+            kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
+        )
+    except ValueError as exc:  # an architecture or shape this runner cannot serve
+        raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
     loaded.module = None  # the runner holds its own (fused) weights
     return ModelBundle(loaded, runner)
 

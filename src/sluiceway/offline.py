@@ -32,8 +32,8 @@ class RequestOutput:
 class LLM:
     """A model and an engine core in this process, driven synchronously.
 
-    `model=None` loads the embedded default model; `quantization="int8"` stores
-    weights as int8. Engine limits are the keyword arguments of `EngineConfig`
+    `model=None` loads the embedded default model; `quantization="int8"` or
+    `"int4"` stores weights weight-only quantized. Engine limits are the keyword arguments of `EngineConfig`
     (e.g. `max_num_seqs=32`).
     """
 

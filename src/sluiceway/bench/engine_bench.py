@@ -79,7 +79,10 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches) * args.prompt_tokens))
         blocks_per_seq = -(-(args.prompt_tokens + args.output_tokens) // config.block_size)
         runner = TorchModelRunner.from_loaded(
-            loaded, block_size=config.block_size, num_blocks=max(batches) * blocks_per_seq + 8
+            loaded,
+            block_size=config.block_size,
+            num_blocks=max(batches) * blocks_per_seq + 8,
+            quantization=args.quantization,
         )
         core = build_core(ModelBundle(loaded, runner), config)
         vocab = loaded.hf_config.vocab_size

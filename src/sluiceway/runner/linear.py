@@ -1,4 +1,4 @@
-"""Linear layers for the runner: plain, oneDNN-prepacked, or weight-only int8.
+"""Linear layers for the runner: plain, oneDNN-prepacked, or weight-only quantized.
 
 On CPU, `F.linear` in bfloat16 reorders the weight into oneDNN's blocked layout on
 every call; for the 49152x576 output projection that reorder costs more than the
@@ -6,18 +6,29 @@ matmul (measured here: about 10 ms vs 2-4 ms per call, batch 1 to 32). Packing
 once at load time removes it and gives bit-identical results. float32 keeps
 `F.linear` (MKL), so float32 output stays exactly what transformers computes.
 
-`quantization="int8"` stores each weight as int8 with one scale per output row
-(symmetric, absmax) and multiplies with `torch._weight_int8pack_mm`, which reads a
-quarter of float32's bytes: it wins at batch 1 (weight-bandwidth bound) and loses
-at batch 8 and up, so it is an option, never a default.
+Weight-only quantization (`"int8"`: one scale per output row; `"int4"`: groups of
+32 inputs with a scale and an offset each, the layout of llama.cpp's Q4_1) makes a
+decode step read a half or a quarter of bfloat16's weight bytes. A step with one
+row per sequence is bound by those bytes at small batches, so the quantized
+kernels win there; from about 8 rows on they lose to the dense bf16 matmul
+(measured with `benchmarks/runner_ab.py`, see docs/benchmarks.md). So a quantized
+`Linear` keeps both: the packed quantized weight for calls with at most
+`quantized_max_rows` rows, and the dequantized weight, packed densely, for larger
+calls. Both compute with the same (quantized) weight values, so a sequence sees the
+same model whichever path its batch takes; results may differ in the last bits.
+The quantized kernels are CPU kernels; on other devices only the dense path runs.
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 import torch.nn.functional as F
 
-QUANTIZATIONS = (None, "int8")
+QUANTIZATIONS = (None, "int8", "int4")
+INT4_GROUP_SIZE = 32
+# Calls with more rows than this take the dense path; see the module docstring.
+QUANTIZED_MAX_ROWS = 8
 
 
 def _mkldnn_packable(weight: torch.Tensor) -> bool:
@@ -29,11 +40,86 @@ def _mkldnn_packable(weight: torch.Tensor) -> bool:
     )
 
 
+@attrs.frozen
+class Int8Weight:
+    """Symmetric per-output-row int8: `w ~= q * scales[:, None]`."""
+
+    q: torch.Tensor  # int8 [out, in]
+    scales: torch.Tensor  # [out], the activation dtype
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> tuple[Int8Weight, torch.Tensor]:
+        """The quantized weight and its float32 dequantized values."""
+        w = weight.to(torch.float32)
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-10).to(weight.dtype)
+        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
+        return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.q, self.scales)
+
+
+@attrs.frozen
+class Int4Weight:
+    """Asymmetric int4 in groups of `group_size` inputs: for a weight in group g,
+    `w ~= (q - 8) * scale[g] + offset[g]` with `q` in 0..15 (llama.cpp's Q4_1 up to
+    where the offset sits). Packed for `torch.ops.aten._weight_int4pack_mm_for_cpu`."""
+
+    packed: torch.Tensor  # uint8, the kernel's layout
+    scales_and_offsets: torch.Tensor  # [in // group_size, out, 2], the activation dtype
+    group_size: int
+
+    @classmethod
+    def quantize(
+        cls, weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE
+    ) -> tuple[Int4Weight, torch.Tensor]:
+        """The quantized weight and its float32 dequantized values."""
+        out_features, in_features = weight.shape
+        if in_features % group_size or out_features % 16:
+            raise ValueError(
+                f"int4 needs input features divisible by {group_size} and output features "
+                f"divisible by 16, not a {out_features}x{in_features} weight"
+            )
+        w = weight.to(torch.float32).reshape(out_features, -1, group_size)
+        low = w.amin(dim=-1, keepdim=True)
+        # Scale and offset are rounded to the activation dtype first, so the
+        # dequantized copy holds exactly the values the int4 kernel computes with.
+        scale = ((w.amax(dim=-1, keepdim=True) - low) / 15.0).clamp(min=1e-10)
+        scale = scale.to(weight.dtype).float()
+        q = torch.round((w - low) / scale).clamp(0, 15)
+        offset = (low + 8.0 * scale).to(weight.dtype).float()
+        sz = torch.cat([scale, offset], dim=-1)  # [out, groups, 2]
+        dequantized = ((q - 8.0) * scale + offset).reshape(out_features, in_features)
+        q_rows = q.to(torch.int32).reshape(out_features, in_features)
+        packed = cls(
+            packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_rows, 1),
+            scales_and_offsets=sz.transpose(0, 1).contiguous().to(weight.dtype),
+            group_size=group_size,
+        )
+        return packed, dequantized
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group_size, self.scales_and_offsets
+        )
+
+
+def quantize_weight(
+    weight: torch.Tensor, quantization: str
+) -> tuple[Int8Weight | Int4Weight, torch.Tensor]:
+    """`(quantized, dequantized float32 values)` for `quantization` "int8" or "int4"."""
+    if quantization == "int8":
+        return Int8Weight.quantize(weight)
+    return Int4Weight.quantize(weight)
+
+
 class Linear:
     """`y = x @ weight.T + bias` for `x [T, in]`, in the weight's dtype.
 
-    `kind` says how `weight` is stored: "plain" (as given, `F.linear`), "mkldnn"
-    (prepacked by oneDNN) or "int8" (int8 rows times `scales`)."""
+    `kind` says how the dense weight is stored: "plain" (as given, `F.linear`) or
+    "mkldnn" (prepacked by oneDNN). With `quantization`, `quantized` holds the
+    quantized weight, used for calls of at most `quantized_max_rows` rows on CPU,
+    and the dense weight is its dequantized copy."""
 
     def __init__(
         self,
@@ -41,20 +127,21 @@ class Linear:
         bias: torch.Tensor | None = None,
         *,
         quantization: str | None = None,
+        quantized_max_rows: int = QUANTIZED_MAX_ROWS,
     ) -> None:
         if quantization not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {quantization!r}; choose int8 or None")
+            raise ValueError(
+                f"unknown quantization {quantization!r}; choose one of int8, int4 or None"
+            )
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.dtype = weight.dtype
-        self.scales = torch.ones(())
-        if quantization == "int8":
-            self.kind = "int8"
-            w = weight.to(torch.float32)
-            scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-10)
-            self.weight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-            self.scales = scales.to(weight.dtype)
-        elif _mkldnn_packable(weight):
+        self.quantized: Int8Weight | Int4Weight | None = None
+        self.quantized_max_rows = quantized_max_rows if weight.device.type == "cpu" else 0
+        if quantization is not None:
+            self.quantized, dequantized = quantize_weight(weight, quantization)
+            weight = dequantized.to(weight.dtype)
+        if _mkldnn_packable(weight):
             self.kind = "mkldnn"
             # The batch-size hint only picks the blocked layout; any batch works.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
@@ -63,9 +150,9 @@ class Linear:
             self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None and x.shape[0] <= self.quantized_max_rows:
+            out = self.quantized.matmul(x)
+            return out if self.bias is None else out + self.bias
         if self.kind == "mkldnn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if self.kind == "int8":
-            out = torch._weight_int8pack_mm(x, self.weight, self.scales)
-            return out if self.bias is None else out + self.bias
         return F.linear(x, self.weight, self.bias)
