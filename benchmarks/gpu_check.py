@@ -5,10 +5,12 @@
 2. Otherwise: decode throughput of a Llama-3-8B-shaped random-weight bf16 model
    (32 layers, hidden 4096, 32 heads, 8 kv heads, intermediate 14336, vocab 128256)
    at several batch sizes with ~512 tokens of context each, three ways: the
-   sluiceway runner's `LlamaModel` with `TritonAttention` (eager and replayed as a
-   CUDA graph), a plain transformers `LlamaForCausalLM` forward loop over a static
-   KV cache, and the memory-bandwidth bound (weight bytes per step / measured
-   device-to-device copy bandwidth). Prints one table.
+   sluiceway runner's forward (`build_inputs` + `LlamaModel` with `TritonAttention`,
+   eagerly, and through the runner's `DecodeGraphs`: inputs copied into static
+   buffers, then a CUDA graph replay), a plain transformers `LlamaForCausalLM`
+   forward loop over a static KV cache, and the memory-bandwidth bound (weight
+   bytes per step / measured device-to-device copy bandwidth). Prints one table,
+   with the largest difference between the graph's and the eager logits.
 
 Needs torch, triton and transformers; not trio, hypercorn or the engine. `--smoke`
 runs the same code paths on a tiny model on CPU under TRITON_INTERPRET=1.
@@ -168,13 +170,17 @@ def build_hf(cfg: dict, dtype: torch.dtype, device: torch.device):
 
 class OursDecode:
     """One decode step of the sluiceway runner's model with TritonAttention over a
-    paged cache: `batch` sequences, each `context` tokens cached in shuffled blocks."""
+    paged cache: `batch` sequences, each `context` tokens cached in shuffled blocks.
+    `step` is the runner's eager path; `graph_step` goes through `DecodeGraphs`
+    (captured on CUDA; elsewhere the same static buffers run eagerly)."""
 
     def __init__(self, config, hf_model, dtype, device, batch: int, context: int, block_size: int):
-        from sluiceway.runner.attention import AttentionMetadata
+        from sluiceway.engine.batch import ScheduledChunk
+        from sluiceway.engine.sampling_params import SamplingParams
         from sluiceway.runner.kernels.backend import TritonAttention
         from sluiceway.runner.kv_cache import KVCache
         from sluiceway.runner.model import LlamaModel
+        from sluiceway.runner.model_runner import build_inputs
 
         self.model = getattr(hf_model, "_sluiceway_model", None)
         if self.model is None:
@@ -188,35 +194,48 @@ class OursDecode:
             num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=dtype, device=device,
         )  # fmt: skip
         self.attention = TritonAttention(self.kv_cache)
-        tables = (torch.randperm(num_blocks - 1) + 1).view(batch, per_seq).to(torch.int32)
-        pos = context  # the new token's position; 0 .. context-1 are "cached"
-        slots = tables[:, pos // block_size].long() * block_size + pos % block_size
-        self.meta = self.attention.prepare(
-            AttentionMetadata(
-                slot_mapping=slots.to(device),
-                block_tables=tables.to(device),
-                seq_lens=torch.full((batch,), context + 1, dtype=torch.int32, device=device),
-                query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-                scale=shape.scale,
-                query_lens_host=(1,) * batch,
-                seq_lens_host=(context + 1,) * batch,
-            )
-        )
-        self.ids = torch.randint(0, shape.vocab_size, (batch,), device=device)
-        self.positions = torch.full((batch,), pos, dtype=torch.int64, device=device)
-        self.rows = torch.arange(batch, device=device)
-        self.graph = None
+        self.device, self.block_size, self.per_seq = device, block_size, per_seq
+        self.build_inputs = build_inputs
+        tables = (torch.randperm(num_blocks - 1) + 1).view(batch, per_seq).tolist()
+        ids = torch.randint(0, shape.vocab_size, (batch,)).tolist()
+        greedy = SamplingParams(temperature=0.0, max_tokens=None)
+        # The new token sits at position `context`; 0 .. context-1 count as cached.
+        self.chunks = tuple(
+            ScheduledChunk(seq_id=b, token_ids=[ids[b]], start_pos=context,
+                           block_table=tables[b], sample=True, params=greedy)
+            for b in range(batch)
+        )  # fmt: skip
+        self.graphs = None
 
     def step(self):
-        return self.model.forward(self.ids, self.positions, self.attention, self.meta, self.rows)
+        inputs = self.build_inputs(
+            self.chunks, self.block_size, self.model.shape.scale, self.device
+        )
+        meta = self.attention.prepare(inputs.meta)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
+        )
 
-    def capture(self):
-        self.step()
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.step()
-        return self.graph.replay
+    def graph_step(self):
+        """Build (and on CUDA capture) the bucket of exactly this batch; return the step."""
+        from sluiceway.runner.decode_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(
+            self.model,
+            self.attention,
+            batch_sizes=(len(self.chunks),),
+            max_blocks_per_seq=self.per_seq,
+        )
+        if self.device.type == "cuda":
+            graphs.capture()
+        self.graphs = graphs
+        return lambda: graphs.run(self.chunks)
+
+    def graph_error(self) -> float:
+        """Largest |graph - eager| logit (both write the same KV, so the order is free)."""
+        assert self.graphs is not None
+        graph = self.graphs.run(self.chunks).clone()
+        return (graph - self.step()).abs().max().item()
 
 
 def hf_decode_step(config, hf_model, dtype, device, batch: int, context: int, steps: int):
@@ -275,8 +294,8 @@ def benchmark(args, device: torch.device) -> None:
                     config, hf_model, dtype, device, batch, args.context, args.block_size
                 )
                 row["ours"] = batch / (timer(ours.step, args.iters) / 1e3)
-                if device.type == "cuda":
-                    row["graph"] = batch / (timer(ours.capture(), args.iters) / 1e3)
+                row["graph"] = batch / (timer(ours.graph_step(), args.iters) / 1e3)
+                row["graph_err"] = ours.graph_error()
                 del ours
             except Exception:
                 traceback.print_exc()
@@ -297,19 +316,26 @@ def benchmark(args, device: torch.device) -> None:
 
 def print_table(rows, args) -> None:
     def fmt(row, key):
-        return f"{row[key]:>12.1f}" if key in row else f"{'n/a':>12}"
+        if key not in row:
+            return f"{'n/a':>12}"
+        return f"{row[key]:>12.2e}" if key == "graph_err" else f"{row[key]:>12.1f}"
 
     print()
     print(f"decode tokens/s, bf16, context {args.context}, block size {args.block_size}")
-    head = ("batch", "triton eager", "triton graph", "HF static", "bound(wts)", "bound(w+kv)")
+    head = ("batch", "triton eager", "triton graph", "HF static", "bound(wts)", "bound(w+kv)",
+            "graph err")  # fmt: skip
     print(" | ".join(f"{h:>12}" for h in head))
     for row in rows:
         cells = [f"{row['batch']:>12}"] + [
-            fmt(row, k) for k in ("ours", "graph", "hf", "bound", "bound_kv")
+            fmt(row, k) for k in ("ours", "graph", "hf", "bound", "bound_kv", "graph_err")
         ]
         print(" | ".join(cells))
     print(
         "bound(wts) = batch / (weight bytes / copy bandwidth); bound(w+kv) adds the KV bytes read per step"
+    )
+    print(
+        "triton eager/graph: the runner's step without sampling (host input prep included); "
+        "graph err = max |graph - eager| logit (off CUDA the graph column runs uncaptured)"
     )
 
 

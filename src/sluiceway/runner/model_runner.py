@@ -1,14 +1,16 @@
 """`TorchModelRunner`: the engine's `ModelRunner` on torch (CPU or CUDA).
 
 One `step` flattens the scheduled chunks into one token batch, runs the model
-under `torch.inference_mode`, and samples the rows that asked for a token. The
-runner keeps no per-sequence state besides the KV cache the block tables name.
+under `torch.inference_mode`, and samples the rows that asked for a token. Decode
+steps can instead replay CUDA graphs over static buffers (`decode_graphs.py`).
+The runner keeps no per-sequence state besides the KV cache the block tables name.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
@@ -16,6 +18,7 @@ import torch
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
 from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
 from sluiceway.runner.loading import LoadedModel
 from sluiceway.runner.model import LlamaModel
@@ -59,19 +62,22 @@ def build_inputs(
     slots = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
     sample_rows = [i for i, c in enumerate(chunks) if c.sample]
     logits_indices = query_start_loc[1:][sample_rows] - 1
+    # Non-blocking: the host tensors are pageable, so each copy is staged at once
+    # and the host does not wait for the device's queue to drain (a blocking copy
+    # to a GPU synchronises the stream).
     meta = AttentionMetadata(
-        slot_mapping=slots.to(device),
-        block_tables=block_tables.to(device=device, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
+        slot_mapping=slots.to(device, non_blocking=True),
+        block_tables=block_tables.to(torch.int32).to(device, non_blocking=True),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
+        query_start_loc=query_start_loc.to(torch.int32).to(device, non_blocking=True),
         scale=scale,
         query_lens_host=tuple(q_lens),
         seq_lens_host=tuple(seq_lens),
     )
     return StepInputs(
-        input_ids=ids.to(device),
-        positions=positions.to(device),
-        logits_indices=logits_indices.to(device),
+        input_ids=ids.to(device, non_blocking=True),
+        positions=positions.to(device, non_blocking=True),
+        logits_indices=logits_indices.to(device, non_blocking=True),
         meta=meta,
     )
 
@@ -81,9 +87,16 @@ class TorchModelRunner:
 
     Give exactly one of `num_blocks` or `kv_cache_bytes` (a memory budget; the
     runner takes as many whole blocks as fit). `attention` builds the attention
-    backend over the allocated cache (default `TorchAttention`). `quantization="int8"`
-    stores the linear weights as weight-only int8 (faster at batch 1, slower at
-    large batches, not exact; see `runner/linear.py`).
+    backend over the allocated cache (default `TorchAttention`). `quantization`
+    ("int8" or "int4") stores the linear weights weight-only quantized (faster for
+    small batches on CPU, not exact; see `runner/linear.py`).
+
+    `cuda_graphs` runs decode steps of up to `max(graph_batch_sizes)` sequences
+    (default 1, 2, 4, .., 256, at most `num_blocks`) through `DecodeGraphs`: None
+    (auto) turns it on for a CUDA device with a graph-safe attention backend
+    (`TritonAttention`) and falls back to eager, with a warning, if capture fails;
+    True insists (ValueError for another backend; on a CPU device the static
+    buffers run without capture, which is what tests exercise); False never.
     """
 
     def __init__(
@@ -98,6 +111,8 @@ class TorchModelRunner:
         kv_cache_bytes: int | None = None,
         attention: AttentionFactory | None = None,
         quantization: str | None = None,
+        cuda_graphs: bool | None = None,
+        graph_batch_sizes: Sequence[int] | None = None,
     ) -> None:
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
@@ -128,6 +143,7 @@ class TorchModelRunner:
         factory: AttentionFactory = attention or TorchAttention
         self.attention: AttentionBackend = factory(self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)
+        self.decode_graphs = self._build_decode_graphs(cuda_graphs, graph_batch_sizes)
 
     @classmethod
     def from_loaded(
@@ -140,6 +156,8 @@ class TorchModelRunner:
         kv_cache_bytes: int | None = None,
         attention: AttentionFactory | None = None,
         quantization: str | None = None,
+        cuda_graphs: bool | None = None,
+        graph_batch_sizes: Sequence[int] | None = None,
     ) -> TorchModelRunner:
         """Build from `load_model(...)`, in the loaded dtype."""
         return cls(
@@ -152,7 +170,48 @@ class TorchModelRunner:
             kv_cache_bytes=kv_cache_bytes,
             attention=attention,
             quantization=quantization,
+            cuda_graphs=cuda_graphs,
+            graph_batch_sizes=graph_batch_sizes,
         )
+
+    def _build_decode_graphs(
+        self, enabled: bool | None, batch_sizes: Sequence[int] | None
+    ) -> DecodeGraphs | None:
+        safe = graph_safe(self.attention)
+        auto = enabled is None
+        if auto:
+            enabled = self.device.type == "cuda" and safe
+        if not enabled:
+            return None
+        if not safe:
+            raise ValueError(
+                "cuda_graphs needs a graph-safe attention backend (TritonAttention), "
+                f"not {type(self.attention).__name__}"
+            )
+        graphs = DecodeGraphs(
+            self.model,
+            self.attention,
+            batch_sizes=batch_sizes or default_batch_sizes(self.num_blocks),
+            # A sequence never holds more blocks than exist.
+            max_blocks_per_seq=self.num_blocks,
+        )
+        if self.device.type != "cuda":
+            return graphs
+        start = time.perf_counter()
+        try:
+            graphs.capture()
+        except Exception:
+            if not auto:
+                raise
+            # A server should still start, only slower; the traceback says why.
+            log.warning("CUDA graph capture failed; decoding eagerly", exc_info=True)
+            return None
+        log.info(
+            "captured decode CUDA graphs for batch sizes %s in %.1f s",
+            ", ".join(map(str, graphs.batch_sizes)),
+            time.perf_counter() - start,
+        )
+        return graphs
 
     @property
     def block_size(self) -> int:
@@ -168,16 +227,24 @@ class TorchModelRunner:
             return []
         sampling = [c for c in batch.chunks if c.sample]
         with torch.inference_mode():
-            logits = self.forward_logits(batch)
+            logits = self._logits(batch)
             return sample(logits, sampling) if sampling else []
 
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
-        """The float32 logits `step` would sample from (tests and debugging)."""
+        """The float32 logits `step` would sample from, as a new tensor (tests and
+        debugging)."""
         with torch.inference_mode():
-            inputs = build_inputs(
-                batch.chunks, self.block_size, self.model.shape.scale, self.device
-            )
-            meta = self.attention.prepare(inputs.meta)
-            return self.model.forward(
-                inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
-            )
+            return self._logits(batch).clone()
+
+    def _logits(self, batch: StepBatch) -> torch.Tensor:
+        """Logits of the sampling rows; may be a graph's output buffer, which the
+        next step overwrites."""
+        if self.decode_graphs is not None:
+            logits = self.decode_graphs.run(batch.chunks)
+            if logits is not None:
+                return logits
+        inputs = build_inputs(batch.chunks, self.block_size, self.model.shape.scale, self.device)
+        meta = self.attention.prepare(inputs.meta)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
+        )

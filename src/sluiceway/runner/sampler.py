@@ -10,6 +10,10 @@ A sampled row draws with an exponential race (argmax of p / E, E ~ Exp(1)) whose
 noise comes from a generator seeded with that row's `step_seed` alone, and every
 batched op here is row-wise, so a row's token depends only on its own logits and
 seed, never on what else shares the batch.
+
+On a GPU the logits stay on the device: host lists become device tensors through
+non-blocking copies, and the sampled token ids, their log-probabilities and any
+requested top-k alternatives come back in one transfer, the step's only sync.
 """
 
 from __future__ import annotations
@@ -21,6 +25,26 @@ import torch
 from sluiceway.engine.batch import SampledToken, ScheduledChunk
 
 _SEED_MASK = (1 << 63) - 1
+
+
+def _on(device: torch.device, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+    """`values` as a tensor on `device`. A plain `torch.tensor(..., device=cuda)`
+    synchronises the stream; a non-blocking copy from pageable host memory is
+    staged at once and does not wait for the device."""
+    host = torch.tensor(values, dtype=dtype)
+    return host if device.type == "cpu" else host.to(device, non_blocking=True)
+
+
+def _to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`tensors` on the CPU, waiting for the device once for all of them."""
+    device = tensors[0].device
+    if device.type != "cuda":
+        return [t.cpu() for t in tensors]
+    # Non-blocking device-to-host copies land in pinned memory and are complete
+    # only after the sync below.
+    host = [t.to("cpu", non_blocking=True) for t in tensors]
+    torch.cuda.current_stream(device).synchronize()
+    return host
 
 
 def _apply_bias_and_suppression(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
@@ -39,12 +63,10 @@ def _apply_bias_and_suppression(logits: torch.Tensor, chunks: Sequence[Scheduled
                 sup_cols.append(tok)
     dev = logits.device
     if rows:
-        idx = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
-        logits.index_put_(idx, torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
+        idx = (_on(dev, rows, torch.int64), _on(dev, cols, torch.int64))
+        logits.index_put_(idx, _on(dev, vals, logits.dtype), accumulate=True)
     if sup_rows:
-        logits[torch.tensor(sup_rows, device=dev), torch.tensor(sup_cols, device=dev)] = float(
-            "-inf"
-        )
+        logits[_on(dev, sup_rows, torch.int64), _on(dev, sup_cols, torch.int64)] = float("-inf")
 
 
 def _apply_penalties(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
@@ -53,7 +75,8 @@ def _apply_penalties(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> 
     if not wanted:
         return
     dev, vocab = logits.device, logits.shape[1]
-    sub = logits[wanted]
+    wanted_rows = _on(dev, wanted, torch.int64)
+    sub = logits[wanted_rows]
     out_rows: list[int] = []
     out_cols: list[int] = []
     seen_rows: list[int] = []
@@ -69,36 +92,30 @@ def _apply_penalties(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> 
             seen_cols.extend(seen)
     params = [chunks[r].params for r in wanted]
     if seen_rows:
-        rep = torch.tensor([p.repetition_penalty for p in params], device=dev, dtype=sub.dtype)[
-            :, None
-        ]
+        rep = _on(dev, [p.repetition_penalty for p in params], sub.dtype)[:, None]
         seen_mask = torch.zeros_like(sub, dtype=torch.bool)
-        seen_mask[torch.tensor(seen_rows, device=dev), torch.tensor(seen_cols, device=dev)] = True
+        seen_mask[_on(dev, seen_rows, torch.int64), _on(dev, seen_cols, torch.int64)] = True
         penalised = torch.where(sub > 0, sub / rep, sub * rep)
         sub = torch.where(seen_mask, penalised, sub)
     if out_rows:
         counts = torch.zeros_like(sub)
         ones = torch.ones(len(out_rows), device=dev, dtype=sub.dtype)
         counts.index_put_(
-            (torch.tensor(out_rows, device=dev), torch.tensor(out_cols, device=dev)),
+            (_on(dev, out_rows, torch.int64), _on(dev, out_cols, torch.int64)),
             ones,
             accumulate=True,
         )
-        freq = torch.tensor([p.frequency_penalty for p in params], device=dev, dtype=sub.dtype)[
-            :, None
-        ]
-        pres = torch.tensor([p.presence_penalty for p in params], device=dev, dtype=sub.dtype)[
-            :, None
-        ]
+        freq = _on(dev, [p.frequency_penalty for p in params], sub.dtype)[:, None]
+        pres = _on(dev, [p.presence_penalty for p in params], sub.dtype)[:, None]
         sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
-    logits[wanted] = sub
+    logits[wanted_rows] = sub
 
 
 def _filter(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p for sampled rows; returns probabilities."""
     params = [c.params for c in chunks]
     dev, dtype = logits.device, logits.dtype
-    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=dtype)[:, None]
+    temps = _on(dev, [p.temperature for p in params], dtype)[:, None]
     logits = logits / temps
     vocab = logits.shape[1]
     top_ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
@@ -106,30 +123,31 @@ def _filter(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Ten
     if any(k < vocab for k in top_ks) or any(p < 1.0 for p in top_ps):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=dev)[None, :]
-        drop = ranks >= torch.tensor(top_ks, device=dev)[:, None]
+        drop = ranks >= _on(dev, top_ks, torch.int64)[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p; keeps >= 1.
         before = probs.cumsum(dim=-1) - probs
-        drop = before >= torch.tensor(top_ps, device=dev, dtype=dtype)[:, None]
+        drop = before >= _on(dev, top_ps, dtype)[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     min_ps = [p.min_p for p in params]
     if any(m > 0.0 for m in min_ps):
-        threshold = torch.tensor(min_ps, device=dev, dtype=dtype)[:, None] * probs.amax(
-            dim=-1, keepdim=True
-        )
+        threshold = _on(dev, min_ps, dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
 
 
 def _draw(probs: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-    """Exponential race per row, each row's noise from its own seeded generator."""
+    """Exponential race per row, each row's noise from its own seeded generator.
+
+    One generator reseeded per row draws exactly what a fresh generator per row
+    would (`manual_seed` resets the whole state, CUDA's offset included)."""
     noise = torch.empty_like(probs)
+    gen = torch.Generator(device=probs.device)
     for r, c in enumerate(chunks):
-        gen = torch.Generator(device=probs.device)
         gen.manual_seed(c.step_seed & _SEED_MASK)
         noise[r].exponential_(generator=gen)
     return (probs / noise).max(dim=-1).indices
@@ -147,7 +165,10 @@ def _argmax_and_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     than the caches and each full pass re-reads it from memory; block by block the
     max, shift, exp and sum passes hit L2. Measured 5 ms -> 1.1 ms for 32 rows of a
     49k vocabulary with caches cold. (`max` rather than `argmax`: same index, and
-    `argmax`'s reduction does not vectorize on CPU.)"""
+    `argmax`'s reduction does not vectorize on CPU.) On a GPU a loop of small
+    launches would cost more than it saves, so the whole tensor goes at once."""
+    if logits.device.type != "cpu":
+        return logits.max(dim=-1).indices, torch.logsumexp(logits, dim=-1)
     indices, lse = [], []
     for block in logits.split(_ROW_BLOCK):
         values, idx = block.max(dim=-1)
@@ -158,27 +179,33 @@ def _argmax_and_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return torch.cat(indices), torch.cat(lse)
 
 
-def _logprob_info(
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    lse: torch.Tensor,
-    chunks: Sequence[ScheduledChunk],
-) -> tuple[list[float], list[tuple[tuple[int, float], ...]]]:
-    """The chosen tokens' raw log-probabilities (given each row's logsumexp `lse`),
-    plus top-k alternatives for the rows that ask for them."""
-    chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
+def _top_logprobs(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Raw log-probabilities and ids `[W, k]` of the top k alternatives for the W
+    rows that ask for any (k = the largest request, in row order); None if none do."""
+    wanted = [r for r, c in enumerate(chunks) if c.params.logprobs]
+    if not wanted:
+        return None
+    k = max(chunks[r].params.logprobs or 0 for r in wanted)
+    logprobs = torch.log_softmax(logits[_on(logits.device, wanted, torch.int64)], dim=-1)
+    values, ids = logprobs.topk(min(k, logits.shape[1]), dim=-1)
+    return values, ids
+
+
+def _unpack_tops(
+    host: Sequence[torch.Tensor], chunks: Sequence[ScheduledChunk]
+) -> list[tuple[tuple[int, float], ...]]:
+    """Each row's `(id, logprob)` alternatives from `_top_logprobs`'s `host` copy."""
     tops: list[tuple[tuple[int, float], ...]] = [()] * len(chunks)
-    counts = {r: c.params.logprobs for r, c in enumerate(chunks) if c.params.logprobs}
-    wanted = list(counts)
-    if wanted:
-        k = max(counts.values())
-        logprobs = torch.log_softmax(logits[wanted], dim=-1)
-        top_values, top_ids = logprobs.topk(min(k, logits.shape[1]), dim=-1)
-        values, ids = top_values.tolist(), top_ids.tolist()
-        for i, r in enumerate(wanted):
-            n = counts[r]
-            tops[r] = tuple(zip(ids[i][:n], values[i][:n], strict=True))
-    return chosen.tolist(), tops
+    if not host:
+        return tops
+    values, ids = host[0].tolist(), host[1].tolist()
+    wanted = [r for r, c in enumerate(chunks) if c.params.logprobs]
+    for i, r in enumerate(wanted):
+        n = chunks[r].params.logprobs
+        tops[r] = tuple(zip(ids[i][:n], values[i][:n], strict=True))
+    return tops
 
 
 def sample(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[SampledToken]:
@@ -198,10 +225,16 @@ def sample(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[Sampl
     sampled = [r for r, c in enumerate(chunks) if not c.params.greedy]
     if sampled:
         sampled_chunks = [chunks[r] for r in sampled]
-        probs = _filter(processed[sampled], sampled_chunks)
-        tokens[sampled] = _draw(probs, sampled_chunks)
-    logprobs, tops = _logprob_info(raw, tokens, lse, chunks)
+        rows = _on(raw.device, sampled, torch.int64)
+        probs = _filter(processed[rows], sampled_chunks)
+        tokens[rows] = _draw(probs, sampled_chunks)
+    # The sampled tokens' raw log-probabilities: SampledToken always carries one,
+    # and on a GPU these few floats ride in the same transfer as the ids.
+    chosen = raw.gather(1, tokens[:, None])[:, 0] - lse
+    tops = _top_logprobs(raw, chunks)
+    host = _to_host([tokens, chosen, *(tops or ())])
+    ids, logprobs, top_lists = host[0].tolist(), host[1].tolist(), _unpack_tops(host[2:], chunks)
     return [
         SampledToken(seq_id=c.seq_id, token_id=t, logprob=lp, top_logprobs=top)
-        for c, t, lp, top in zip(chunks, tokens.tolist(), logprobs, tops, strict=True)
+        for c, t, lp, top in zip(chunks, ids, logprobs, top_lists, strict=True)
     ]
