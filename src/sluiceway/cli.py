@@ -45,6 +45,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         choices=["int8", "int4"],
         help="weight-only quantized linears (CPU: much faster for a few streams; changes outputs)",
     )
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CUDA: run every step eagerly instead of replaying captured decode graphs",
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +77,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         served_model_name=getattr(args, "served_model_name", None),
         attention_backend=args.attention_backend,
         quantization=args.quantization,
+        enforce_eager=args.enforce_eager,
     )
 
 
@@ -142,6 +148,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         quantization=args.quantization,
         attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )
     prompts = [
         p if args.raw else llm.encode_chat([{"role": "user", "content": p}]) for p in args.prompt

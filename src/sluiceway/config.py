@@ -46,13 +46,15 @@ class ModelConfig:
     `quantization` ("int8" or "int4") stores linear weights weight-only quantized:
     on CPU steps with few sequences read far fewer weight bytes and run faster,
     larger steps use the dequantized weights densely; outputs are those of the
-    quantized model, not the original (see `runner/linear.py`)."""
+    quantized model, not the original (see `runner/linear.py`). On CUDA, decode
+    steps replay CUDA graphs unless `enforce_eager`."""
 
     model: str | None = None
     dtype: DType = "auto"
     served_model_name: str | None = None
     attention_backend: AttentionBackendName = "auto"
     quantization: Quantization | None = None
+    enforce_eager: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -53,6 +53,7 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
 
     Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
     """
+    from sluiceway.runner.decode_graphs import default_batch_sizes
     from sluiceway.runner.kernels.backend import select_attention_backend
     from sluiceway.runner.loading import ModelLoadError, load_model
     from sluiceway.runner.model_runner import TorchModelRunner
@@ -72,6 +73,8 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
             block_size=engine.block_size,
             num_blocks=engine.num_kv_blocks,
             kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
+            cuda_graphs=False if model.enforce_eager else None,
+            graph_batch_sizes=default_batch_sizes(engine.max_num_seqs),
         )
     except ValueError as exc:  # an architecture or shape this runner cannot serve
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None

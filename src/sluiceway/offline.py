@@ -43,6 +43,7 @@ class LLM:
         dtype: str = "auto",
         quantization: str | None = None,
         attention_backend: str = "auto",
+        enforce_eager: bool = False,
         **engine_options: object,
     ) -> None:
         self.engine_config = EngineConfig(**engine_options)  # type: ignore[arg-type]
@@ -51,6 +52,7 @@ class LLM:
             dtype=dtype,  # type: ignore[arg-type]
             quantization=quantization,  # type: ignore[arg-type]
             attention_backend=attention_backend,  # type: ignore[arg-type]
+            enforce_eager=enforce_eager,
         )
         self.bundle = load_bundle(model_config, self.engine_config)
         self.tokenizer = self.bundle.loaded.tokenizer

@@ -189,7 +189,9 @@ def test_steps_that_are_not_plain_decode_are_left_to_the_eager_path(tiny, device
 def test_bucket_choice_and_defaults():
     assert [pick_bucket(BUCKETS, n) for n in range(1, 6)] == [1, 2, 4, 4, None]
     assert default_batch_sizes(1000) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    assert default_batch_sizes(20) == (1, 2, 4, 8, 16)
+    assert default_batch_sizes(20) == (1, 2, 4, 8, 16, 20)
+    assert default_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_batch_sizes(1) == (1,)
 
 
 def test_cuda_graphs_option(tiny, device):

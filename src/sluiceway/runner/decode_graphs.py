@@ -43,9 +43,12 @@ def graph_safe(attention: AttentionBackend) -> bool:
 
 
 def default_batch_sizes(limit: int) -> tuple[int, ...]:
-    """`DEFAULT_BATCH_SIZES` up to `limit` (a decode batch of n sequences needs n
-    distinct blocks, so more than `num_blocks` sequences never decode together)."""
-    return tuple(b for b in DEFAULT_BATCH_SIZES if b <= limit) or (1,)
+    """`DEFAULT_BATCH_SIZES` below `limit`, plus `limit` itself when it is within the
+    largest default: the engine never decodes more than `max_num_seqs` sequences
+    together (and a decode batch of n sequences needs n distinct blocks), so larger
+    graphs would only cost capture time and memory."""
+    below = tuple(b for b in DEFAULT_BATCH_SIZES if b < limit)
+    return below + ((limit,) if 1 <= limit <= DEFAULT_BATCH_SIZES[-1] else ())
 
 
 def pick_bucket(batch_sizes: Sequence[int], n: int) -> int | None:

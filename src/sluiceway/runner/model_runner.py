@@ -191,7 +191,11 @@ class TorchModelRunner:
         graphs = DecodeGraphs(
             self.model,
             self.attention,
-            batch_sizes=batch_sizes or default_batch_sizes(self.num_blocks),
+            # A decode batch of n sequences holds n distinct blocks at least.
+            batch_sizes=tuple(
+                b for b in batch_sizes or default_batch_sizes(self.num_blocks) if b <= self.num_blocks
+            )
+            or (1,),
             # A sequence never holds more blocks than exist.
             max_blocks_per_seq=self.num_blocks,
         )
