@@ -38,7 +38,7 @@ def import_runner_at(ref: str):
     name = f"sluiceway_runner_{ref.replace('~', '_').replace('^', '_')}"
     root = Path(tempfile.mkdtemp()) / name
     files = subprocess.run(
-        ["git", "ls-tree", "--name-only", ref, "src/sluiceway/runner/"],
+        ["git", "ls-tree", "-r", "--name-only", ref, "src/sluiceway/runner/"],
         check=True,
         capture_output=True,
         text=True,
@@ -50,7 +50,9 @@ def import_runner_at(ref: str):
         text = subprocess.run(
             ["git", "show", f"{ref}:{path}"], check=True, capture_output=True, text=True
         ).stdout
-        (root / Path(path).name).write_text(text.replace("sluiceway.runner.", f"{name}."))
+        target = root / Path(path).relative_to("src/sluiceway/runner")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text.replace("sluiceway.runner.", f"{name}."))
     sys.path.insert(0, str(root.parent))
     return importlib.import_module(f"{name}.model_runner").TorchModelRunner
 

@@ -33,12 +33,13 @@ def _runner(hf_model, dtype=torch.float32, **kwargs) -> TorchModelRunner:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_packed_bfloat16_linear_equals_f_linear(bias, rows):
+@pytest.mark.parametrize("rows", [1, 5, 33, 200])
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 64), (960, 576)])
+def test_packed_bfloat16_linear_equals_f_linear(bias, rows, out_features, in_features):
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
-    b = torch.randn(96, generator=gen).to(torch.bfloat16) if bias else None
-    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(out_features, in_features, generator=gen).to(torch.bfloat16)
+    b = torch.randn(out_features, generator=gen).to(torch.bfloat16) if bias else None
+    x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)
     layer = Linear(weight, b)
     if torch.backends.mkldnn.is_available():
         assert layer.kind == "mkldnn"

@@ -143,8 +143,11 @@ class Linear:
             weight = dequantized.to(weight.dtype)
         if _mkldnn_packable(weight):
             self.kind = "mkldnn"
-            # The batch-size hint only picks the blocked layout; any batch works.
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            # No batch-size hint: oneDNN then picks a layout that serves every batch
+            # size. A hint of 1 (used before) made 32-row decode steps 7% slower
+            # (benchmarks/runner_ab.py) and, past about 200 rows, no longer matched
+            # F.linear bit for bit; without the hint it matches at every size.
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
         else:
             self.kind = "plain"
             self.weight = weight
