@@ -137,3 +137,40 @@ def test_num_requests_must_match_levels() -> None:
         _request_counts(_args("--concurrency", "1,8", "--num-requests", "1,2,3"))
     with pytest.raises(SystemExit):
         _args("--concurrency", "0,4")
+
+
+async def test_engine_baseline_runs_all_torch_work_on_its_own_thread(
+    bench_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading and measuring on one thread keeps one OpenMP team (a baseline that
+    loaded on the main thread and measured on a worker thread read 2-3x low)."""
+    import threading
+
+    from sluiceway.bench import engine_bench
+    from sluiceway.runner import loading
+
+    threads: dict[str, set[str]] = {"load": set(), "measure": set()}
+    real_load, real_time = loading.load_model, engine_bench.time_engine
+
+    def spy_load(*a: Any, **k: Any) -> Any:
+        threads["load"].add(threading.current_thread().name)
+        return real_load(*a, **k)
+
+    def spy_time(*a: Any, **k: Any) -> float:
+        threads["measure"].add(threading.current_thread().name)
+        return real_time(*a, **k)
+
+    monkeypatch.setattr(loading, "load_model", spy_load)
+    monkeypatch.setattr(engine_bench, "time_engine", spy_time)
+    argv = [
+        "--url", bench_server.url,
+        "--concurrency", "2",
+        "--num-requests", "2",
+        "--output-tokens", "3",
+        "--no-progress",
+        "--engine-baseline", "--baseline-dtype", "float32",
+    ]  # fmt: skip
+    with trio.fail_after(120):
+        rc = await trio.to_thread.run_sync(main, argv)
+    assert rc == 0
+    assert threads == {"load": {"sluiceway-baseline"}, "measure": {"sluiceway-baseline"}}

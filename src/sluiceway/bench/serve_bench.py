@@ -15,6 +15,7 @@ successive content chunks.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from sluiceway.bench.serve_report import (
     write_json,
     write_plot,
 )
+from sluiceway.engine.model_thread import ModelThread
 
 
 def _int_list(text: str) -> list[int]:
@@ -114,6 +116,12 @@ def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="model for --engine-baseline (default: the embedded default model)",
     )
     o.add_argument("--baseline-dtype", default="auto", help="dtype for --engine-baseline")
+    o.add_argument(
+        "--baseline-quantization",
+        default=None,
+        choices=["int8", "int4"],
+        help="quantization for --engine-baseline (match the server's)",
+    )
     o.add_argument("--json-out", default=None, help="write the report as JSON here")
     o.add_argument("--plot-out", default=None, help="write a PNG plot here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -187,8 +195,10 @@ async def run_sweep(
                     # Measured now, so both figures see the same background load.
                     bar.set_description(f"engine at batch {concurrency}")
                     prompt_tokens = min(round(report.prompt_tokens_mean or 32), 512)
-                    report.engine_tok_s = await trio.to_thread.run_sync(
-                        baseline.measure, concurrency, prompt_tokens, args.output_tokens
+                    report.engine_tok_s = await baseline.thread.run(
+                        functools.partial(
+                            baseline.measure, concurrency, prompt_tokens, args.output_tokens
+                        )
                     )
                 reports.append(report)
     config = {
@@ -209,9 +219,31 @@ async def run_sweep(
 class EngineBaseline:
     """The in-process engine (the `sluiceway bench engine` measurement: random-token
     prompts, greedy, ignore_eos), loaded once and timed at one batch size at a time,
-    right after the server's level at the same concurrency."""
+    right after the server's level at the same concurrency.
 
-    def __init__(self, model: str | None, dtype: str, max_batch: int, max_seq_tokens: int) -> None:
+    Loading and every measurement run on `thread`: torch work spread over two OS
+    threads runs two OpenMP teams that fight over the cores (see
+    `sluiceway.engine.model_thread`), which made this baseline read 2-3x low."""
+
+    def __init__(
+        self,
+        model: str | None,
+        dtype: str,
+        max_batch: int,
+        max_seq_tokens: int,
+        quantization: str | None = None,
+    ) -> None:
+        self.thread = ModelThread(name="sluiceway-baseline")
+        self.thread.call(lambda: self._load(model, dtype, max_batch, max_seq_tokens, quantization))
+
+    def _load(
+        self,
+        model: str | None,
+        dtype: str,
+        max_batch: int,
+        max_seq_tokens: int,
+        quantization: str | None,
+    ) -> None:
         from sluiceway.config import EngineConfig
         from sluiceway.model_engine import ModelBundle, build_core
         from sluiceway.runner.loading import load_model
@@ -223,7 +255,10 @@ class EngineBaseline:
         )
         blocks_per_seq = -(-max_seq_tokens // config.block_size)
         runner = TorchModelRunner.from_loaded(
-            loaded, block_size=config.block_size, num_blocks=max_batch * blocks_per_seq + 8
+            loaded,
+            block_size=config.block_size,
+            num_blocks=max_batch * blocks_per_seq + 8,
+            quantization=quantization,
         )
         self.core = build_core(ModelBundle(loaded, runner), config)
         self.vocab = loaded.hf_config.vocab_size
@@ -231,12 +266,15 @@ class EngineBaseline:
         self.measure(2, 8, 4)  # warm-up
 
     def measure(self, batch: int, prompt_tokens: int, output_tokens: int) -> float:
-        """Output tokens/s at `batch` sequences, prefill included."""
+        """Output tokens/s at `batch` sequences, prefill included. Call on `thread`."""
         from sluiceway.bench.engine_bench import random_prompts as token_prompts
         from sluiceway.bench.engine_bench import time_engine
 
         prompts = token_prompts(batch, prompt_tokens, self.vocab, batch)
         return time_engine(self.core, prompts, output_tokens)
+
+    def close(self) -> None:
+        self.thread.stop()
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
@@ -249,12 +287,18 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             args.baseline_dtype,
             max(args.concurrency),
             max_seq_tokens=512 + args.output_tokens,
+            quantization=args.baseline_quantization,
         )
-    reports, config = trio.run(run_sweep, args, baseline)
+    try:
+        reports, config = trio.run(run_sweep, args, baseline)
+    finally:
+        if baseline is not None:
+            baseline.close()
     if baseline is not None:
         config["engine_baseline"] = {
             "model": args.baseline_model,
             "dtype": baseline.dtype,
+            "quantization": args.baseline_quantization,
             "prompt_tokens": "the level's mean prompt tokens (from usage), random ids",
         }
     print(
