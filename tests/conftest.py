@@ -6,8 +6,9 @@ own `runner` fixture on an ephemeral loopback port inside the test's nursery."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,22 @@ MODEL = "test-model"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Ordinary words that are single tokens in the SmolLM2 vocabulary.
 WORDS = (" the", " river", " flows", " under", " a", " quiet", " bridge", " and", " on")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Converted GGUF models are cached for the session (runner/loading.py), so the
+    suite parses the default model's GGUF once and leaves nothing in the user's
+    cache; a SLUICEWAY_CACHE_DIR set by the developer wins. Server subprocesses
+    inherit the variable."""
+    if "SLUICEWAY_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["SLUICEWAY_CACHE_DIR"] = str(tmp_path_factory.mktemp("model-cache"))
+    try:
+        yield
+    finally:
+        del os.environ["SLUICEWAY_CACHE_DIR"]
 
 
 @pytest.fixture(scope="session")

@@ -80,3 +80,60 @@ def test_hugging_face_directory_loads_and_runs(
     assert prompt[-4:] == [5, 17, 99, 4]
     runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=16)
     assert greedy_driver_cls(runner).generate([prompt], 6) == [hf_greedy_fn(tiny_llama, prompt, 6)]
+
+
+@pytest.mark.slow
+def test_a_gguf_model_is_converted_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
+    """The cached directory gives the same model: weights, config, tokenizer, chat
+    template, EOS ids and context length; the second load never parses the GGUF."""
+    from sluiceway.runner import loading
+
+    monkeypatch.setenv("SLUICEWAY_CACHE_DIR", str(tmp_path / "cache"))
+    direct = load_model(None, dtype="float32", progress=False)
+    cached_dir = loading.converted_gguf_dir(loading.default_model_path())
+    assert cached_dir is not None and (cached_dir / "config.json").is_file()
+    assert cached_dir.parent == tmp_path / "cache" / "gguf"
+
+    sources = []
+    real_load_parts = loading._load_parts
+
+    def spy(directory, gguf, dtype, progress):
+        sources.append(gguf)
+        return real_load_parts(directory, gguf, dtype, progress)
+
+    monkeypatch.setattr(loading, "_load_parts", spy)
+    again = load_model(None, dtype="float32", progress=False)
+    assert sources == [None]  # a Hugging Face directory, not the GGUF
+    want, got = direct.state_dict(), again.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    where_and_how = {"_name_or_path", "dtype"}  # the source path; None vs float32
+    want_config = {k: v for k, v in direct.hf_config.to_dict().items() if k not in where_and_how}
+    got_config = {k: v for k, v in again.hf_config.to_dict().items() if k not in where_and_how}
+    assert got_config == want_config
+    assert (again.name, again.eos_token_ids, again.max_model_len) == (
+        direct.name,
+        direct.eos_token_ids,
+        direct.max_model_len,
+    )
+    chat = [{"role": "user", "content": "Héllo, wörld! 你好 <tag> 1234"}]
+    assert again.tokenizer.chat_template == direct.tokenizer.chat_template
+    prompts = [
+        t.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for t in (direct.tokenizer, again.tokenizer)
+    ]
+    assert prompts[0] == prompts[1] and len(prompts[0]) > 10
+    ids = [0, 1, 2, 300, 4000, *prompts[0]]
+    assert again.tokenizer.decode(ids) == direct.tokenizer.decode(ids)
+
+
+def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
+    from sluiceway.runner import loading
+
+    monkeypatch.setenv("SLUICEWAY_CACHE_DIR", "off")
+    assert loading.converted_gguf_dir(loading.default_model_path()) is None
+    monkeypatch.setenv("SLUICEWAY_CACHE_DIR", str(tmp_path))
+    assert loading.cache_root() == tmp_path
+    monkeypatch.delenv("SLUICEWAY_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert loading.cache_root() == tmp_path / "xdg" / "sluiceway"

@@ -8,10 +8,13 @@ Nothing is ever fetched from a model hub.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib.util
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -151,11 +154,89 @@ def _load_parts(directory: Path, gguf: str | None, dtype: torch.dtype, progress:
     return config, tokenizer, module
 
 
+def cache_root() -> Path | None:
+    """Where converted models are kept: `$SLUICEWAY_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/sluiceway` (default `~/.cache/sluiceway`); None when
+    `SLUICEWAY_CACHE_DIR` is set to "off"."""
+    configured = os.environ.get("SLUICEWAY_CACHE_DIR")
+    if configured == "off":
+        return None
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "sluiceway"
+
+
+def converted_gguf_dir(gguf_path: Path) -> Path | None:
+    """The cache directory for a converted copy of `gguf_path`, keyed by the file's
+    path, size and modification time and by the transformers version (None: no cache)."""
+    import transformers
+
+    root = cache_root()
+    if root is None:
+        return None
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return root / "gguf" / f"{gguf_path.stem}-{digest}"
+
+
+def _save_converted(target: Path, tokenizer, module) -> None:
+    """Write a Hugging Face directory (float32 safetensors, config, generation
+    config, tokenizer) to `target` atomically: built under a temporary name, then
+    renamed. Another process that got there first wins. Caching is an optimisation:
+    if it fails for any reason the load goes on and says why in the log."""
+    from safetensors.torch import save_file
+
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        weights = module.state_dict()
+        if getattr(module.config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)  # tied: transformers re-ties it on load
+        # transformers marks GGUF-loaded models unserialisable (save_pretrained
+        # refuses); their weights are plain dequantized tensors, so save them directly.
+        save_file(
+            {k: v.detach().contiguous() for k, v in weights.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        config = copy.deepcopy(module.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the saved weights are plain float32
+        config.save_pretrained(tmp)
+        module.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(target)
+        log.info("cached the converted GGUF model in %s", target)
+    except Exception as exc:  # any failure only costs the cache
+        log.warning("could not cache the converted model in %s: %s", target, exc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_gguf(directory: Path, gguf: str, dtype: torch.dtype, progress: bool):
+    """Parsing a GGUF in transformers takes ~18 s even for the 135M default model (the
+    file is re-read for config, tokenizer and weights, each field by field). So the
+    first load saves the converted model in the cache, and later loads read that
+    directory (~1 s). The converted weights are float32: the dequantized values
+    exactly, whatever dtype is asked for."""
+    cached = converted_gguf_dir(directory / gguf)
+    if cached is not None and (cached / "config.json").is_file():
+        log.info("loading the converted GGUF model from %s", cached)
+        return _load_parts(cached, None, dtype, progress)
+    config, tokenizer, module = _load_parts(directory, gguf, torch.float32, progress)
+    if cached is not None:
+        _save_converted(cached, tokenizer, module)
+    return config, tokenizer, module.to(dtype)
+
+
 def load_model(model: str | None, dtype: str = "auto", progress: bool = True) -> LoadedModel:
     """Load `model` (None = the default model) from local files in `dtype`.
 
     Raises `ModelLoadError` with a one-line message when the model is missing,
-    unreadable or of an unsupported architecture. Never touches the network.
+    unreadable or of an unsupported architecture. Never touches the network. A
+    GGUF file is converted once and served from the cache afterwards (see
+    `cache_root`).
     """
     torch_dtype = resolve_dtype(dtype)
     directory, gguf, name = _source(model)
@@ -163,7 +244,10 @@ def load_model(model: str | None, dtype: str = "auto", progress: bool = True) ->
     started = time.monotonic()
     log.info("loading model %s from %s (%s)", name, directory / (gguf or ""), torch_dtype)
     try:
-        config, tokenizer, module = _load_parts(directory, gguf, torch_dtype, progress)
+        if gguf is None:
+            config, tokenizer, module = _load_parts(directory, None, torch_dtype, progress)
+        else:
+            config, tokenizer, module = _load_gguf(directory, gguf, torch_dtype, progress)
     except ModelLoadError:
         raise
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
