@@ -14,6 +14,7 @@ from server_helpers import stream
 from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
+from tiny_models import TINY_LLAMA
 
 from .conftest import MODEL
 
@@ -26,13 +27,8 @@ def tiny_runner_parts(tokenizer: Any) -> tuple[Any, dict[str, Any]]:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_LLAMA,
         vocab_size=len(tokenizer),
-        max_position_embeddings=512,
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=True,

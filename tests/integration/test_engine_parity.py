@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from sluiceway.engine.core import EngineCore
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
+from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
 
 PROMPTS = [
     [5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 2, 3],
@@ -24,13 +25,8 @@ MAX_NEW = 12
 def hf_model() -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(
+        **dict(TINY_LLAMA, max_position_embeddings=256),
         vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
         eos_token_id=None,
         bos_token_id=None,
         pad_token_id=None,

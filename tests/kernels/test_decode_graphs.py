@@ -26,6 +26,7 @@ from sluiceway.runner.decode_graphs import (  # noqa: E402
 from sluiceway.runner.kernels.backend import TritonAttention  # noqa: E402
 from sluiceway.runner.model_runner import TorchModelRunner  # noqa: E402
 from sluiceway.runner.sampler import sample  # noqa: E402
+from tiny_models import TINY_LLAMA  # noqa: E402  (tests/, on sys.path via tests/conftest.py)
 
 BLOCK_SIZE = 16
 BUCKETS = (1, 2, 4)
@@ -36,15 +37,7 @@ MAX_SEQS = 5
 NUM_BLOCKS = 2 * MAX_SEQS + 2
 SENTINEL = 7.0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=512,
-)
+TINY = dict(TINY_LLAMA, vocab_size=256)
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
+from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=512,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
+TINY = dict(TINY_LLAMA, vocab_size=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def _finish(model: torch.nn.Module) -> torch.nn.Module:
