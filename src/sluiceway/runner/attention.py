@@ -80,7 +80,7 @@ class _DecodeGroup:
 
     rows: torch.Tensor | None  # token rows of the group's queries; None = all rows in order
     blocks: torch.Tensor  # int64 [Bd, nb] cache blocks of each context (Ld = nb * block_size)
-    mask: torch.Tensor  # bool [Bd, 1, 1, Ld], true where the key is in the context
+    mask: torch.Tensor  # [Bd, 1, 1, Ld] in the cache dtype: 0 in the context, -inf past it
 
 
 @attrs.frozen
@@ -161,7 +161,13 @@ class TorchAttention:
         nblocks = -(-max_len // block_size)
         blocks = tables[:, :nblocks].to(torch.int64)
         positions = torch.arange(nblocks * block_size, device=lens.device)
-        mask = (positions[None, :] < lens[:, None])[:, None, None, :]
+        # An additive float mask, built once per step: given a boolean one, SDPA
+        # converts it with two `where`s in every layer.
+        outside = (positions[None, :] >= lens[:, None])[:, None, None, :]
+        dtype = self.kv_cache.key_caches[0].dtype
+        mask = torch.zeros(outside.shape, dtype=dtype, device=lens.device).masked_fill(
+            outside, float("-inf")
+        )
         rows = None if idx is None else meta.query_start_loc[idx].to(torch.int64)
         return _DecodeGroup(rows=rows, blocks=blocks, mask=mask)
 
