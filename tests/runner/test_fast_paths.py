@@ -53,13 +53,16 @@ def test_float32_linear_stays_plain_f_linear():
 
 
 @pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.02), ("int4", 0.12)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 7, 9, 40])
 def test_quantized_linear_is_close(dtype, quantization, tolerance, rows):
     """Both paths (quantized kernel up to `quantized_max_rows`, dense beyond) stay
-    within the quantization's error of the original weight."""
+    within the quantization's error of the original weight, also with an all-zero
+    row and a constant group (a zero scale would make them 0/0)."""
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(128, 64, generator=gen)
+    weight[3] = 0.0
+    weight[5, :32] = 0.25
     bias = torch.randn(128, generator=gen)
     x = torch.randn(rows, 64, generator=gen)
     layer = Linear(weight.to(dtype), bias.to(dtype), quantization=quantization)
@@ -94,6 +97,11 @@ def test_int4_levels_per_group():
     step = (weight.reshape(-1, 32).amax(1) - weight.reshape(-1, 32).amin(1)) / 15
     error = (dense - weight).abs().reshape(-1, 32).amax(1)
     assert torch.all(error <= step / 2 + 1e-5)
+
+
+def test_quantization_is_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="CPU only"):
+        Linear(torch.empty(32, 64, device="meta"), quantization="int4")
 
 
 def test_int4_needs_whole_groups():
