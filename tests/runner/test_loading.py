@@ -137,3 +137,47 @@ def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.delenv("SLUICEWAY_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert loading.cache_root() == tmp_path / "xdg" / "sluiceway"
+
+
+def test_a_second_writer_leaves_the_first_entry_and_no_debris(tmp_path, tiny_llama, tokenizer):
+    from sluiceway.runner import loading
+
+    target = tmp_path / "gguf" / "model-abc"
+    loading._save_converted(target, tokenizer, tiny_llama)
+    first = (target / "model.safetensors").read_bytes()
+    loading._save_converted(target, tokenizer, tiny_llama)  # lost the race: no error
+    assert (target / "model.safetensors").read_bytes() == first
+    assert [p.name for p in (tmp_path / "gguf").iterdir()] == ["model-abc"]
+    loaded = load_model(str(target), dtype="float32", progress=False)
+    want = tiny_llama.state_dict()
+    assert all(torch.equal(loaded.state_dict()[k], want[k]) for k in want)
+
+
+def test_a_damaged_cache_entry_is_converted_again(tmp_path, monkeypatch):
+    from sluiceway.runner import loading
+
+    monkeypatch.setenv("SLUICEWAY_CACHE_DIR", str(tmp_path))
+    gguf = tmp_path / "model.Q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    entry = loading.converted_gguf_dir(gguf)
+    assert entry is not None
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text("{not json")
+    calls, saved = [], []
+
+    class Module:
+        def to(self, dtype):
+            return ("module in", dtype)
+
+    def fake_load_parts(directory, gguf_name, dtype, progress):
+        calls.append((directory, gguf_name, dtype))
+        if gguf_name is None:
+            raise OSError("damaged entry")
+        return "config", "tokenizer", Module()
+
+    monkeypatch.setattr(loading, "_load_parts", fake_load_parts)
+    monkeypatch.setattr(loading, "_save_converted", lambda t, tok, mod: saved.append(t))
+    result = loading._load_gguf(tmp_path, gguf.name, torch.bfloat16, False)
+    assert result == ("config", "tokenizer", ("module in", torch.bfloat16))
+    assert calls == [(entry, None, torch.bfloat16), (tmp_path, gguf.name, torch.float32)]
+    assert saved == [entry] and not entry.exists()  # the damaged entry was removed

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -182,14 +183,16 @@ def converted_gguf_dir(gguf_path: Path) -> Path | None:
 
 def _save_converted(target: Path, tokenizer, module) -> None:
     """Write a Hugging Face directory (float32 safetensors, config, generation
-    config, tokenizer) to `target` atomically: built under a temporary name, then
-    renamed. Another process that got there first wins. Caching is an optimisation:
-    if it fails for any reason the load goes on and says why in the log."""
+    config, tokenizer) to `target` atomically: built in a fresh temporary
+    directory beside it, then renamed, so a reader never sees a partial entry.
+    Another writer that got there first wins. Caching is an optimisation: if it
+    fails for any reason the load goes on and says why in the log."""
     from safetensors.torch import save_file
 
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    tmp: Path | None = None
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         weights = module.state_dict()
         if getattr(module.config, "tie_word_embeddings", False):
             weights.pop("lm_head.weight", None)  # tied: transformers re-ties it on load
@@ -206,27 +209,42 @@ def _save_converted(target: Path, tokenizer, module) -> None:
         config.save_pretrained(tmp)
         module.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.rename(target)
-        log.info("cached the converted GGUF model in %s", target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            log.info("another process cached %s first", target)  # theirs is as good
+        else:
+            log.info("cached the converted GGUF model in %s", target)
     except Exception as exc:  # any failure only costs the cache
         log.warning("could not cache the converted model in %s: %s", target, exc)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_gguf(directory: Path, gguf: str, dtype: torch.dtype, progress: bool):
     """Parsing a GGUF in transformers takes ~18 s even for the 135M default model (the
     file is re-read for config, tokenizer and weights, each field by field). So the
     first load saves the converted model in the cache, and later loads read that
-    directory (~1 s). The converted weights are float32: the dequantized values
-    exactly, whatever dtype is asked for."""
+    directory (~2 s). The cached weights are float32, the dequantized values
+    exactly, whatever dtype is asked for (4 bytes a parameter on disk). An entry
+    that no longer loads is converted again."""
     cached = converted_gguf_dir(directory / gguf)
-    if cached is not None and (cached / "config.json").is_file():
+    if cached is None:
+        return _load_parts(directory, gguf, dtype, progress)
+    if (cached / "config.json").is_file():
         log.info("loading the converted GGUF model from %s", cached)
-        return _load_parts(cached, None, dtype, progress)
+        try:
+            return _load_parts(cached, None, dtype, progress)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # a damaged entry: fall back to the GGUF itself
+            log.warning("cached copy %s does not load (%s); converting again", cached, exc)
+            shutil.rmtree(cached, ignore_errors=True)
     config, tokenizer, module = _load_parts(directory, gguf, torch.float32, progress)
-    if cached is not None:
-        _save_converted(cached, tokenizer, module)
+    _save_converted(cached, tokenizer, module)
     return config, tokenizer, module.to(dtype)
 
 
