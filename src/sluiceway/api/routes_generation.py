@@ -102,7 +102,7 @@ async def _read(receive: trio.MemoryReceiveChannel[bytes]) -> Any:
             with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
                 while True:
                     parts.append(receive.receive_nowait())
-            yield parts[0] if len(parts) == 1 else b"".join(parts)
+            yield b"".join(parts)  # the same object when there is one part
 
 
 async def _complete(

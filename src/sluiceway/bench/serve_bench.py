@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import httpx
 import trio
 
@@ -42,7 +43,6 @@ from sluiceway.bench.serve_report import (
     write_json,
     write_plot,
 )
-from sluiceway.engine.model_thread import ModelThread
 
 
 def _int_list(text: str) -> list[int]:
@@ -221,9 +221,9 @@ class EngineBaseline:
     prompts, greedy, ignore_eos), loaded once and timed at one batch size at a time,
     right after the server's level at the same concurrency.
 
-    Loading and every measurement run on `thread`: torch work spread over two OS
-    threads runs two OpenMP teams that fight over the cores (see
-    `sluiceway.engine.model_thread`), which made this baseline read 2-3x low."""
+    Built like the server's engine (`load_bundle_on_thread`): loading and every
+    measurement run on `thread`. Torch work spread over two OS threads runs two
+    OpenMP teams that fight over the cores, which made this baseline read 2-3x low."""
 
     def __init__(
         self,
@@ -233,37 +233,26 @@ class EngineBaseline:
         max_seq_tokens: int,
         quantization: str | None = None,
     ) -> None:
-        self.thread = ModelThread(name="sluiceway-baseline")
-        self.thread.call(lambda: self._load(model, dtype, max_batch, max_seq_tokens, quantization))
+        from sluiceway.config import EngineConfig, ModelConfig
+        from sluiceway.model_engine import build_core, load_bundle_on_thread
 
-    def _load(
-        self,
-        model: str | None,
-        dtype: str,
-        max_batch: int,
-        max_seq_tokens: int,
-        quantization: str | None,
-    ) -> None:
-        from sluiceway.config import EngineConfig
-        from sluiceway.model_engine import ModelBundle, build_core
-        from sluiceway.runner.loading import load_model
-        from sluiceway.runner.model_runner import TorchModelRunner
-
-        loaded = load_model(model, dtype, progress=False)
         config = EngineConfig(
             max_num_seqs=max_batch, max_num_batched_tokens=max(2048, max_batch * max_seq_tokens)
         )
         blocks_per_seq = -(-max_seq_tokens // config.block_size)
-        runner = TorchModelRunner.from_loaded(
-            loaded,
-            block_size=config.block_size,
-            num_blocks=max_batch * blocks_per_seq + 8,
-            quantization=quantization,
+        config = attrs.evolve(config, num_kv_blocks=max_batch * blocks_per_seq + 8)
+        model_config = ModelConfig(
+            model=model,
+            dtype=dtype,  # type: ignore[arg-type]
+            quantization=quantization,  # type: ignore[arg-type]
         )
-        self.core = build_core(ModelBundle(loaded, runner), config)
-        self.vocab = loaded.hf_config.vocab_size
-        self.dtype = str(loaded.dtype).removeprefix("torch.")
-        self.measure(2, 8, 4)  # warm-up
+        bundle = load_bundle_on_thread(model_config, config, progress=False)
+        assert bundle.thread is not None
+        self.thread = bundle.thread
+        self.core = build_core(bundle, config)
+        self.vocab = bundle.loaded.hf_config.vocab_size
+        self.dtype = str(bundle.loaded.dtype).removeprefix("torch.")
+        self.thread.call(lambda: self.measure(2, 8, 4))  # warm-up
 
     def measure(self, batch: int, prompt_tokens: int, output_tokens: int) -> float:
         """Output tokens/s at `batch` sequences, prefill included. Call on `thread`."""

@@ -192,10 +192,9 @@ class TorchModelRunner:
             self.model,
             self.attention,
             # A decode batch of n sequences holds n distinct blocks at least.
-            batch_sizes=tuple(
-                b for b in batch_sizes or default_batch_sizes(self.num_blocks) if b <= self.num_blocks
-            )
-            or (1,),
+            batch_sizes=tuple(b for b in batch_sizes if b <= self.num_blocks) or (1,)
+            if batch_sizes
+            else default_batch_sizes(self.num_blocks),
             # A sequence never holds more blocks than exist.
             max_blocks_per_seq=self.num_blocks,
         )
