@@ -43,7 +43,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         choices=["int8", "int4"],
-        help="weight-only quantized linears (CPU: much faster for a few streams; changes outputs)",
+        help="CPU only: weight-only quantized linears, much faster for a few streams; changes outputs",
     )
     group.add_argument(
         "--enforce-eager",

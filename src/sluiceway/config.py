@@ -43,10 +43,11 @@ class EngineConfig:
 class ModelConfig:
     """Which model to load and how to run it. `model=None` is the embedded default
     (SmolLM2-135M-Instruct). `attention_backend="auto"` is triton on CUDA, torch elsewhere.
-    `quantization` ("int8" or "int4") stores linear weights weight-only quantized:
-    on CPU steps with few sequences read far fewer weight bytes and run faster,
-    larger steps use the dequantized weights densely; outputs are those of the
-    quantized model, not the original (see `runner/linear.py`). On CUDA, decode
+    `quantization` ("int8" or "int4", CPU only) adds weight-only quantized copies of
+    the linear weights: steps with few sequences read far fewer weight bytes and
+    run faster, larger steps use the dequantized weights densely (so memory grows,
+    it does not shrink); outputs are those of the quantized model, not the
+    original (see `runner/linear.py`). On CUDA, decode
     steps replay CUDA graphs unless `enforce_eager`."""
 
     model: str | None = None
