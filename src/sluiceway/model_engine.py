@@ -48,8 +48,12 @@ def load_bundle_on_thread(model: ModelConfig, engine: EngineConfig, *, progress:
     return attrs.evolve(bundle, thread=thread)
 
 
-def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = True) -> ModelBundle:
+def load_bundle(
+    model: ModelConfig, engine: EngineConfig, *, progress: bool = True, keep_module: bool = False
+) -> ModelBundle:
     """Load weights and tokenizer and allocate the KV cache on the calling thread.
+    `keep_module` keeps the transformers model (on the CPU) in `loaded.module`, for
+    comparisons; otherwise it is released once the runner has its own weights.
 
     Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
     """
@@ -78,7 +82,8 @@ def load_bundle(model: ModelConfig, engine: EngineConfig, *, progress: bool = Tr
         )
     except ValueError as exc:  # an architecture or shape this runner cannot serve
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
-    loaded.module = None  # the runner holds its own (fused) weights
+    if not keep_module:
+        loaded.module = None  # the runner holds its own (fused) weights
     return ModelBundle(loaded, runner)
 
 

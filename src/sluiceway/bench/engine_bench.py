@@ -8,6 +8,7 @@ included, as a client would see it.
 from __future__ import annotations
 
 import argparse
+import inspect
 import random
 import time
 from typing import Any
@@ -51,48 +52,60 @@ def time_engine(core: EngineCore, prompts: list[list[int]], output_tokens: int) 
 
 
 def time_transformers(module: Any, prompts: list[list[int]], output_tokens: int) -> float:
-    """A static-batch greedy loop over transformers' forward with its KV cache."""
+    """A static-batch greedy loop over transformers' forward with its KV cache, on
+    the module's device."""
     import torch
 
-    ids = torch.tensor(prompts)
+    device = next(module.parameters()).device
+    ids = torch.tensor(prompts, device=device)
+    # transformers 5 renamed `past_key_values` to `cache` (the old name warns).
+    cache_arg = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
     start = time.perf_counter()
     with torch.inference_mode():
         out = module(input_ids=ids, use_cache=True)
-        past = out.past_key_values
         for _ in range(output_tokens - 1):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            out = module(input_ids=nxt, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = module(input_ids=nxt, use_cache=True, **{cache_arg: out[cache_arg]})
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
     return len(prompts) * output_tokens / elapsed
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
-    from sluiceway.model_engine import ModelBundle, build_core
-    from sluiceway.runner.loading import load_model
-    from sluiceway.runner.model_runner import TorchModelRunner
+    """Entry point of `sluiceway bench engine`. The engine is built the way the
+    server builds it (`load_bundle`: device, attention backend, quantization,
+    decode graphs), on this thread, which also runs every step."""
+    from sluiceway.cli import model_config
+    from sluiceway.model_engine import build_core, load_bundle
 
     batches = [int(b) for b in args.batch_sizes.split(",")]
     rows: list[BenchRow] = []
     for dtype in args.dtypes.split(","):
-        loaded = load_model(args.model, dtype, progress=False)
-        config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(2048, max(batches) * args.prompt_tokens))
-        blocks_per_seq = -(-(args.prompt_tokens + args.output_tokens) // config.block_size)
-        runner = TorchModelRunner.from_loaded(
-            loaded,
-            block_size=config.block_size,
-            num_blocks=max(batches) * blocks_per_seq + 8,
-            quantization=args.quantization,
+        config = EngineConfig(
+            max_num_seqs=max(batches),
+            max_num_batched_tokens=max(2048, max(batches) * args.prompt_tokens),
         )
-        core = build_core(ModelBundle(loaded, runner), config)
-        vocab = loaded.hf_config.vocab_size
+        blocks_per_seq = -(-(args.prompt_tokens + args.output_tokens) // config.block_size)
+        config = attrs.evolve(config, num_kv_blocks=max(batches) * blocks_per_seq + 8)
+        bundle = load_bundle(
+            attrs.evolve(model_config(args), dtype=dtype),
+            config,
+            progress=False,
+            keep_module=not args.skip_transformers,
+        )
+        core = build_core(bundle, config)
+        module = bundle.loaded.module
+        if module is not None:
+            module = module.to(bundle.runner.device)
+        vocab = bundle.loaded.hf_config.vocab_size
         time_engine(core, random_prompts(2, args.prompt_tokens, vocab, 99), 4)  # warm-up
         for batch in batches:
             prompts = random_prompts(batch, args.prompt_tokens, vocab, batch)
             ours = time_engine(core, prompts, args.output_tokens)
             theirs = None
-            if not args.skip_transformers:
-                theirs = time_transformers(loaded.module, prompts, args.output_tokens)
+            if module is not None:
+                theirs = time_transformers(module, prompts, args.output_tokens)
             row = BenchRow(dtype, batch, ours, theirs)
             rows.append(row)
             print(_format_row(row), flush=True)

@@ -1,0 +1,49 @@
+"""`sluiceway bench engine` end to end on the default model (tiny workloads)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sluiceway.cli import main
+
+pytestmark = pytest.mark.slow
+
+ROW = re.compile(r"^\| (\w+) +\| +(\d+) \| +([\d.]+) \| +([\d.]+|-) \| +([\d.]+x|-) \|$")
+
+
+def _rows(out: str) -> list[tuple[str, ...]]:
+    table = out.split("\n\n")[-1]  # the final table, after the per-row progress lines
+    return [m.groups() for line in table.splitlines() if (m := ROW.match(line))]
+
+
+def test_engine_and_transformers_columns(capsys):
+    argv = ["bench", "engine", "--batch-sizes", "1,2", "--dtypes", "float32",
+            "--prompt-tokens", "4", "--output-tokens", "3"]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert [(r[0], r[1]) for r in rows] == [("float32", "1"), ("float32", "2")]
+    for _, _, ours, theirs, ratio in rows:
+        assert float(ours) > 0 and float(theirs) > 0
+        assert ratio == f"{float(ours) / float(theirs):.2f}x"
+
+
+def test_quantization_reaches_the_engine(capsys, monkeypatch):
+    from sluiceway.runner import linear
+
+    built = []
+    real_init = linear.Linear.__init__
+
+    def spy(self, *args, **kwargs):
+        built.append(kwargs.get("quantization"))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(linear.Linear, "__init__", spy)
+    argv = ["bench", "engine", "--batch-sizes", "1", "--dtypes", "bfloat16",
+            "--prompt-tokens", "4", "--output-tokens", "2",
+            "--skip-transformers", "--quantization", "int4"]  # fmt: skip
+    assert main(argv) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert [(r[0], r[1], r[3], r[4]) for r in rows] == [("bfloat16", "1", "-", "-")]
+    assert set(built) == {"int4", "int8"}  # int4 layers, the int8 output head
