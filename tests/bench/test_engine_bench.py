@@ -26,7 +26,9 @@ def test_engine_and_transformers_columns(capsys):
     assert [(r[0], r[1]) for r in rows] == [("float32", "1"), ("float32", "2")]
     for _, _, ours, theirs, ratio in rows:
         assert float(ours) > 0 and float(theirs) > 0
-        assert ratio == f"{float(ours) / float(theirs):.2f}x"
+        # printed figures are rounded, so the ratio recomputed from them may differ
+        # from the printed one in its last digit
+        assert float(ratio.removesuffix("x")) == pytest.approx(float(ours) / float(theirs), abs=0.011)
 
 
 def test_quantization_reaches_the_engine(capsys, monkeypatch):
