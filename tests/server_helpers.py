@@ -4,12 +4,15 @@ polling across a socket, request bodies, and metric/engine readings."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import httpx
 import trio
+
+from sluiceway.engine.batch import ScheduledChunk
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -183,3 +186,41 @@ def finished_total(server: Any) -> float:
 def engine_empty(server: Any) -> bool:
     s = server.state.engine.stats()
     return s.num_running_seqs == 0 and s.num_waiting_seqs == 0 and s.kv_blocks_used == 0
+
+
+def scripted_token(vocab: tuple[int, ...], chunk: ScheduledChunk) -> int:
+    """The scripted runners' next token: `vocab[(last token + position) % len(vocab)]`,
+    a function of the sequence alone, so a prompt's answer is the same alone, in any
+    batch, or after preemption and recompute."""
+    position = chunk.start_pos + len(chunk.token_ids)
+    return vocab[(chunk.token_ids[-1] + position) % len(vocab)]
+
+
+@attrs.define
+class StepGate:
+    """Gating for the scripted runners (mixed in; its fields are keyword-only).
+    With `gated`, each step waits in `wait_for_permit` for a permit (`allow(k)`);
+    `open()` (also `release()`, which the shared server fixture calls on teardown)
+    lets every step through for good. Steps run in the engine's worker thread."""
+
+    gated: bool = attrs.field(default=False, kw_only=True)
+    _permits: threading.Semaphore = attrs.field(
+        factory=lambda: threading.Semaphore(0), kw_only=True
+    )
+    _open: threading.Event = attrs.field(factory=threading.Event, kw_only=True)
+
+    def allow(self, steps: int = 1) -> None:
+        self._permits.release(steps)
+
+    def open(self) -> None:
+        self._open.set()
+        self._permits.release(1_000_000)
+
+    release = open
+
+    def wait_for_permit(self) -> None:
+        if self.gated and not self._open.is_set():
+            self._permits.acquire()
+
+    def wait_until_open(self) -> None:
+        self._open.wait()

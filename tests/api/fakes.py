@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import attrs
 
+from server_helpers import StepGate, scripted_token
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
 
 
 @attrs.define
-class ScriptedRunner:
+class ScriptedRunner(StepGate):
     """Next token = `vocab[(last token + position) % len(vocab)]`: a function of the
     sequence alone, so each prompt has its own deterministic answer, the same alone
     or in any batch. After `eos_after`
@@ -26,31 +25,17 @@ class ScriptedRunner:
     num_blocks: int = 512
     block_size: int = 16
     eos_after: int | None = None
-    gated: bool = False
     fail_next: bool = False
     steps: int = 0
     seqs_seen: dict[int, int] = attrs.field(factory=dict)  # seq id -> tokens sampled
-    _permits: threading.Semaphore = attrs.field(factory=lambda: threading.Semaphore(0))
-    _open: threading.Event = attrs.field(factory=threading.Event)
-
-    def allow(self, steps: int = 1) -> None:
-        self._permits.release(steps)
-
-    def open(self) -> None:
-        self._open.set()
-        self._permits.release(1_000_000)
-
-    release = open
 
     def next_token(self, chunk: ScheduledChunk) -> int:
-        position = chunk.start_pos + len(chunk.token_ids)
         if self.eos_after is not None and self.seqs_seen[chunk.seq_id] > self.eos_after:
             return self.eos
-        return self.vocab[(chunk.token_ids[-1] + position) % len(self.vocab)]
+        return scripted_token(self.vocab, chunk)
 
     def step(self, batch: StepBatch) -> list[SampledToken]:
-        if self.gated and not self._open.is_set():
-            self._permits.acquire()
+        self.wait_for_permit()
         self.steps += 1
         if self.fail_next:
             raise RuntimeError("scripted step failure")

@@ -4,7 +4,6 @@ engine, and run_many with good and bad requests mixed."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import attrs
 import pytest
 import trio
 
-from server_helpers import eventually
+from server_helpers import StepGate, eventually, scripted_token
 from sluiceway.api.serve import RunningServer
 from sluiceway.client import (
     AsyncClient,
@@ -29,37 +28,21 @@ MODEL = "client-test-model"
 
 
 @attrs.define
-class GateRunner:
+class GateRunner(StepGate):
     """Deterministic tokens (a function of the sequence alone, so a prompt's answer is
-    the same alone or in a batch); never EOS. With `gated`, each step waits for a
-    permit (`allow(k)`); `open()` lets everything through for good."""
+    the same alone or in a batch); never EOS. Gated like the other scripted runners."""
 
     vocab: tuple[int, ...]
     num_blocks: int = 512
     block_size: int = 16
-    gated: bool = False
-    _permits: threading.Semaphore = attrs.field(factory=lambda: threading.Semaphore(0))
-    _open: threading.Event = attrs.field(factory=threading.Event)
-
-    def allow(self, steps: int = 1) -> None:
-        self._permits.release(steps)
-
-    def open(self) -> None:
-        self._open.set()
-        self._permits.release(1_000_000)
-
-    release = open  # what the shared server fixture calls on teardown
 
     def step(self, batch: StepBatch) -> list[SampledToken]:
-        if self.gated and not self._open.is_set():
-            self._permits.acquire()
-        out = []
-        for c in batch.chunks:
-            if c.sample:
-                position = c.start_pos + len(c.token_ids)
-                token = self.vocab[(c.token_ids[-1] + position) % len(self.vocab)]
-                out.append(SampledToken(c.seq_id, token, -0.25, ()))
-        return out
+        self.wait_for_permit()
+        return [
+            SampledToken(c.seq_id, scripted_token(self.vocab, c), -0.25, ())
+            for c in batch.chunks
+            if c.sample
+        ]
 
 
 @pytest.fixture
