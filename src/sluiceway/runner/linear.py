@@ -35,12 +35,20 @@ QUANTIZED_MAX_ROWS = 8
 
 
 def _mkldnn_packable(weight: torch.Tensor) -> bool:
-    return (
+    """Whether oneDNN can prepack `weight` on this CPU. Its float16 path needs
+    AVX-NE-CONVERT or AVX512-FP16 (packing raises without them, e.g. on AMD Zen 4),
+    so half precision is checked the same way oneDNN checks it."""
+    if not (
         weight.device.type == "cpu"
-        and weight.dtype in (torch.bfloat16, torch.float16)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    ):
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if weight.dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
 
 
 def _positive_in(dtype: torch.dtype, scales: torch.Tensor) -> torch.Tensor:
