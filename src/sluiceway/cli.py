@@ -198,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging() -> None:
+    """INFO for sluiceway and the servers it runs; warnings only from httpx, which
+    logs every request at INFO (`bench serve` printed a line per request and per
+    health probe, 1,445 in one sweep, between its tables)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["chat"]:
@@ -205,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return chat_main(argv[1:])
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         return int(args.handler(args))
     except _model_load_error() as exc:

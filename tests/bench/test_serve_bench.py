@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from sluiceway.api.serve import RunningServer
 from sluiceway.bench.serve_bench import add_serve_bench_arguments, main, run_sweep
 from sluiceway.bench.serve_load import RequestRecord
 from sluiceway.bench.serve_report import format_table, percentile
+from sluiceway.cli import configure_logging
 
 OUTPUT_TOKENS = 7
 
@@ -176,3 +178,19 @@ async def test_engine_baseline_runs_all_torch_work_on_its_own_thread(
     assert rc == 0
     # One thread did both, the engine's own model thread (not main, not a trio worker).
     assert threads == {"load": {"sluiceway-model"}, "measure": {"sluiceway-model"}}
+
+
+def test_cli_logging_keeps_sluiceway_info_and_drops_httpx_request_lines() -> None:
+    httpx_logger, ours = logging.getLogger("httpx"), logging.getLogger("sluiceway.api")
+    saved = (httpx_logger.level, ours.level, logging.getLogger().level)
+    try:
+        httpx_logger.setLevel(logging.NOTSET)
+        logging.getLogger().setLevel(logging.INFO)  # what basicConfig sets outside pytest
+        configure_logging()
+        assert ours.isEnabledFor(logging.INFO)
+        assert not httpx_logger.isEnabledFor(logging.INFO)
+        assert httpx_logger.isEnabledFor(logging.WARNING)
+    finally:
+        httpx_logger.setLevel(saved[0])
+        ours.setLevel(saved[1])
+        logging.getLogger().setLevel(saved[2])
