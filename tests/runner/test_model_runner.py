@@ -32,6 +32,17 @@ def test_prompts_batched_together_match_generate(tiny_llama, driver_for, expecte
     assert driver_for(tiny_llama).generate(PROMPTS, MAX_NEW) == expected
 
 
+def test_many_sequences_of_other_lengths_decoded_together_match_generate(
+    tiny_llama, driver_for, hf_greedy_fn
+):
+    # Nine sequences of nine lengths share every decode step, so each step's
+    # attention batch is padded to the longest and the length mask matters.
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 250, (n,), generator=gen).tolist() for n in range(2, 20, 2)]
+    want = [hf_greedy_fn(tiny_llama, p, MAX_NEW) for p in prompts]
+    assert driver_for(tiny_llama, num_blocks=200).generate(prompts, MAX_NEW) == want
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 5])
 def test_chunked_prefill_matches_generate(tiny_llama, driver_for, expected, chunk):
     assert driver_for(tiny_llama).generate(PROMPTS, MAX_NEW, chunk=chunk) == expected
