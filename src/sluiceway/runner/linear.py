@@ -36,7 +36,7 @@ QUANTIZED_MAX_ROWS = 8
 
 def _mkldnn_packable(weight: torch.Tensor) -> bool:
     """Whether oneDNN can prepack `weight` on this CPU. Its float16 path needs
-    AVX-NE-CONVERT or AVX512-FP16 (packing raises without them, e.g. on AMD Zen 4),
+    AVX-NE-CONVERT or AVX512-FP16 (packing raises without them, e.g. on AMD EPYC Zen 5),
     so half precision is checked the same way oneDNN checks it."""
     if not (
         weight.device.type == "cpu"
