@@ -26,6 +26,7 @@ from unittest import mock
 import torch
 
 from sluiceway.runner import linear
+from sluiceway.runner.attention import TorchAttention
 from sluiceway.runner.loading import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,6 +70,15 @@ VARIANTS = {
     "base": (lambda: mock.patch.object(linear, "_mkldnn_packable", lambda w: False), {}),
     "new": (contextlib.nullcontext, {}),
     "int8": (contextlib.nullcontext, {"quantization": "int8"}),
+    "int4": (contextlib.nullcontext, {"quantization": "int4"}),
+    "sdpa-decode": (
+        contextlib.nullcontext,
+        {"attention": lambda kv: TorchAttention(kv, native_decode=False)},
+    ),
+    "int4-sdpa-decode": (
+        contextlib.nullcontext,
+        {"quantization": "int4", "attention": lambda kv: TorchAttention(kv, native_decode=False)},
+    ),
 }
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from sluiceway.runner.kv_cache import KVCache
+from sluiceway.runner.native.paged_decode import native_decode_available, paged_decode
 
 
 @attrs.frozen
@@ -76,11 +77,16 @@ class AttentionBackend(Protocol):
 
 @attrs.frozen
 class _DecodeGroup:
-    """Sequences with one query each, attended in one batched SDPA call."""
+    """Sequences with one query each, attended in one call: the native kernel
+    (`tables`, `lens`, `max_len`) or one batched SDPA (`blocks`, `mask`)."""
 
     rows: torch.Tensor | None  # token rows of the group's queries; None = all rows in order
-    blocks: torch.Tensor  # int64 [Bd, nb] cache blocks of each context (Ld = nb * block_size)
-    mask: torch.Tensor  # [Bd, 1, 1, Ld] in the cache dtype: 0 in the context, -inf past it
+    tables: torch.Tensor  # int32 [Bd, max_blocks] block tables
+    lens: torch.Tensor  # int32 [Bd] context lengths
+    max_len: int
+    # For SDPA only (None with the native kernel):
+    blocks: torch.Tensor | None  # int64 [Bd, nb] cache blocks of each context (Ld = nb * block_size)
+    mask: torch.Tensor | None  # [Bd, 1, 1, Ld] in the cache dtype: 0 in the context, -inf past it
 
 
 @attrs.frozen
@@ -130,14 +136,25 @@ def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 
 
 class TorchAttention:
-    """Reference paged attention in plain torch (SDPA); the CPU default.
+    """Paged attention in torch (SDPA) plus one C kernel; the CPU default.
 
-    Decode sequences are gathered into one padded batch with a length mask; prefill
-    chunks run one SDPA each with a causal mask offset by their cached prefix.
+    Decode sequences attend with the native `paged_decode` kernel where it is
+    available (bfloat16 cache on a CPU with a C compiler: 2.5x faster than the SDPA
+    path at 32 sequences, see `native/paged_decode.py`); otherwise they are gathered
+    into one padded batch with a length mask for SDPA. Prefill chunks run one SDPA
+    each with a causal mask offset by their cached prefix.
+
+    `native_decode`: None picks the kernel where available, False never uses it,
+    True requires it (ValueError when it is unavailable).
     """
 
-    def __init__(self, kv_cache: KVCache) -> None:
+    def __init__(self, kv_cache: KVCache, *, native_decode: bool | None = None) -> None:
         self.kv_cache = kv_cache
+        cache = kv_cache.key_caches[0]
+        available = native_decode_available(cache.dtype, cache.device)
+        if native_decode and not available:
+            raise ValueError("the native decode kernel is not available for this cache")
+        self.native_decode = available if native_decode is None else native_decode
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
         fresh, fresh_seqs = _plan_fresh_prefills(meta)
@@ -157,6 +174,15 @@ class TorchAttention:
         tables = meta.block_tables if idx is None else meta.block_tables[idx]
         lens = meta.seq_lens if idx is None else meta.seq_lens[idx]
         max_len = max(meta.seq_lens_host[b] for b in decode_idx)
+        if self.native_decode:
+            return _DecodeGroup(
+                rows=None if idx is None else meta.query_start_loc[idx].to(torch.int64),
+                tables=tables.to(torch.int32).contiguous(),
+                lens=lens.to(torch.int32).contiguous(),
+                max_len=max_len,
+                blocks=None,
+                mask=None,
+            )
         block_size = self.kv_cache.block_size
         nblocks = -(-max_len // block_size)
         blocks = tables[:, :nblocks].to(torch.int64)
@@ -169,7 +195,9 @@ class TorchAttention:
             outside, float("-inf")
         )
         rows = None if idx is None else meta.query_start_loc[idx].to(torch.int64)
-        return _DecodeGroup(rows=rows, blocks=blocks, mask=mask)
+        return _DecodeGroup(
+            rows=rows, tables=tables, lens=lens, max_len=max_len, blocks=blocks, mask=mask
+        )
 
     def _plan_prefills(
         self, meta: AttentionMetadata, skip: frozenset[int] = frozenset()
@@ -227,6 +255,16 @@ class TorchAttention:
         self, q: torch.Tensor, layer: int, group: _DecodeGroup, scale: float
     ) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.key_caches[layer], self.kv_cache.value_caches[layer]
+        if group.blocks is None or group.mask is None:
+            return paged_decode(
+                q.to(k_cache.dtype),
+                k_cache,
+                v_cache,
+                group.tables,
+                group.lens,
+                scale,
+                max_seq_len=group.max_len,
+            ).to(q.dtype)
         keys = _gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [Bd, KVH, Ld, D]
         values = _gather_blocks(v_cache, group.blocks).transpose(1, 2)
         # The query heads that share a KV head go in as that head's queries

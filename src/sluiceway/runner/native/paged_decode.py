@@ -1,0 +1,106 @@
+"""`paged_decode`: decode attention read straight from the paged KV cache, in C.
+
+`TorchAttention` otherwise gathers every decode sequence's blocks into a padded
+batch and runs SDPA on it, for every layer of every step; this reads each
+sequence's own slots in place and does work proportional to its real length.
+bfloat16 caches only (the CPU default); other dtypes keep the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from sluiceway.runner.native.library import load_library
+
+_ARGTYPES = (
+    [ctypes.c_void_p] * 4  # q, k_cache, v_cache, block_tables
+    + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]  # max_blocks, seq_lens, out
+    + [ctypes.c_int64] * 5  # num_seqs, num_heads, num_kv_heads, head_dim, block_size
+    + [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, num_threads, portable
+)
+
+
+def _function():
+    lib = load_library("paged_decode")
+    if lib is None:
+        return None
+    fn = lib.paged_decode_bf16
+    if fn.argtypes is None:
+        fn.argtypes = _ARGTYPES
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def native_decode_available(cache_dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `paged_decode` can serve a cache of this dtype on this device here
+    (compiles the kernel on first call)."""
+    return cache_dtype == torch.bfloat16 and device.type == "cpu" and _function() is not None
+
+
+def paged_decode(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seq_len: int | None = None,
+    portable: bool = False,
+) -> torch.Tensor:
+    """Attention of one query per sequence over its cached context: `q [B, H, D]`,
+    caches `[num_blocks, block_size, KVH, D]` (all bfloat16, on the CPU),
+    `block_tables` int32 `[B, max_blocks]`, `seq_lens` int32 `[B]` (each at least 1
+    and covered by its table; with `max_seq_len`, the longest, that is checked against
+    the tables' width, the block ids themselves are trusted). Returns `[B, H, D]` bfloat16. `portable` skips the
+    AVX512-BF16 path where it was compiled in (for tests). Runs to completion once
+    called: it holds no Python state and releases the GIL while it runs."""
+    fn = _function()
+    if fn is None:
+        raise RuntimeError("the native paged_decode kernel is not available here")
+    for name, tensor in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
+            raise ValueError(f"{name} must be a bfloat16 CPU tensor")
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise ValueError("block_tables and seq_lens must be int32")
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = key_cache.shape
+    if value_cache.shape != key_cache.shape or cache_dim != head_dim:
+        raise ValueError("q and the caches disagree in shape")
+    if block_tables.shape[0] != num_seqs or seq_lens.shape != (num_seqs,):
+        raise ValueError("block_tables and seq_lens need one row per sequence")
+    if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
+        raise ValueError(f"a context of {max_seq_len} tokens overruns its block table")
+    q = q.contiguous()
+    block_tables = block_tables.contiguous()
+    seq_lens = seq_lens.contiguous()
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the caches must be contiguous")
+    out = torch.empty_like(q)
+    status = fn(
+        q.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        block_tables.data_ptr(),
+        block_tables.shape[1],
+        seq_lens.data_ptr(),
+        out.data_ptr(),
+        num_seqs,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        torch.get_num_threads(),
+        int(portable),
+    )
+    if status == 1:
+        raise ValueError(
+            f"paged_decode does not take {num_heads} heads over {num_kv_heads} KV heads "
+            f"of dimension {head_dim}"
+        )
+    if status != 0:
+        raise MemoryError("paged_decode could not allocate its scratch memory")
+    return out
