@@ -46,7 +46,7 @@ def import_runner_at(ref: str):
     ).stdout.split()
     root.mkdir()
     for path in files:
-        if not path.endswith(".py"):
+        if not path.endswith((".py", ".c", ".h")):  # modules and native kernel sources
             continue
         text = subprocess.run(
             ["git", "show", f"{ref}:{path}"], check=True, capture_output=True, text=True

@@ -18,6 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
 from sluiceway.runner.linear import Linear
+from sluiceway.runner.native.layer_ops import layer_ops_for
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -130,19 +131,6 @@ def _layer_weights(
     )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype != torch.float32:
-        # One fused op instead of eight. It rounds once where transformers rounds
-        # the normalised value to x.dtype before the weight multiply, so half
-        # precision differs from transformers in the last bit (nothing asserts
-        # half-precision parity; float32 below stays exact).
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # Same op order as transformers' LlamaRMSNorm, so float32 results agree bit for bit.
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE; x [T, heads, D], cos/signed_sin [T, 1, D].
 
@@ -163,6 +151,7 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         quantization: str | None = None,
+        native_ops: bool | None = None,
     ) -> None:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -193,6 +182,9 @@ class LlamaModel:
         ]
         inv_freq, self.rope_scaling = rope_frequencies(config)
         self.inv_freq = inv_freq.to(self.device)
+        # RMSNorm, residual adds and SiLU-and-multiply: C kernels for bfloat16 on the
+        # CPU (`native_ops` as in `layer_ops_for`), torch ops otherwise.
+        self.ops = layer_ops_for(dtype, self.device, native_ops)
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin `[T, 1, D]` in the model dtype, computed in float32 like
@@ -216,17 +208,25 @@ class LlamaModel:
         """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
         logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
         cos, sin = self.rope_tables(positions)
+        ops, eps, last = self.ops, self.shape.rms_norm_eps, len(self.layers) - 1
+        # The residual stream: each add is fused with the RMSNorm that reads its result.
         hidden = F.embedding(input_ids, self.embed)
+        x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            hidden = hidden + self._attention(i, layer, hidden, cos, sin, attention, meta)
-            hidden = hidden + self._mlp(layer, hidden)
+            attended = self._attention(i, layer, x, cos, sin, attention, meta)
+            hidden, x = ops.add_rms_norm(hidden, attended, layer.post_norm, eps)
+            mlp = layer.down(ops.silu_mul(layer.gate_up(x)))
+            if i < last:
+                hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[i + 1].input_norm, eps)
+            else:
+                hidden = hidden + mlp
         picked = hidden[logits_indices]
-        picked = rms_norm(picked, self.final_norm, self.shape.rms_norm_eps)
+        picked = ops.rms_norm(picked, self.final_norm, eps)
         return self.lm_head(picked).to(torch.float32)
 
-    def _attention(self, i, layer: LayerWeights, hidden, cos, sin, attention, meta) -> torch.Tensor:
+    def _attention(self, i, layer: LayerWeights, x, cos, sin, attention, meta) -> torch.Tensor:
+        """Self-attention of layer `i` on its normalised input `x`."""
         s = self.shape
-        x = rms_norm(hidden, layer.input_norm, s.rms_norm_eps)
         qkv = layer.qkv(x)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         # q and k sit side by side in qkv, so one rotation covers both heads' sets
@@ -236,8 +236,3 @@ class LlamaModel:
         v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
         out = attention.forward(i, q, k, v, meta)
         return layer.o(out.reshape(-1, q_size))
-
-    def _mlp(self, layer: LayerWeights, hidden: torch.Tensor) -> torch.Tensor:
-        x = rms_norm(hidden, layer.post_norm, self.shape.rms_norm_eps)
-        gate, up = layer.gate_up(x).chunk(2, dim=-1)
-        return layer.down(F.silu(gate) * up)

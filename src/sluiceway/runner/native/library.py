@@ -44,10 +44,12 @@ def _compiler() -> list[str]:
 
 
 def library_key(source: str) -> str:
-    """What a cached build depends on: the source text, the compiler and its flags,
-    and the CPU (`-march=native` output does not run everywhere)."""
+    """What a cached build depends on: the source text and the shared headers, the
+    compiler and its flags, and the CPU (`-march=native` output does not run
+    everywhere)."""
+    headers = "".join(p.read_text() for p in sorted(SOURCE_DIR.glob("*.h")))
     digest = hashlib.sha256()
-    for part in (source, " ".join(_compiler() + list(CFLAGS)), _cpu_flags()):
+    for part in (source, headers, " ".join(_compiler() + list(CFLAGS)), _cpu_flags()):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:24]

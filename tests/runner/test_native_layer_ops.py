@@ -1,0 +1,124 @@
+"""The native (C) layer ops against the torch reference: RMSNorm, residual add +
+RMSNorm and SiLU-and-multiply in bfloat16, their fallbacks, and a bfloat16 runner
+built on them."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sluiceway.engine.batch import ScheduledChunk, StepBatch
+from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.runner.model_runner import TorchModelRunner
+from sluiceway.runner.native.layer_ops import NativeLayerOps, TorchLayerOps, layer_ops_for
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+REFERENCE = TorchLayerOps()
+# 1 row (a decode step), a few rows, and enough rows (40 x 576) for the parallel path.
+SHAPES = [(1, 576), (7, 64), (40, 576)]
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeLayerOps:
+    ops = layer_ops_for(torch.bfloat16, torch.device("cpu"), native=True)
+    assert isinstance(ops, NativeLayerOps)
+    return ops
+
+
+def _bf16(*shape, seed: int, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16)
+
+
+def _assert_within_bf16_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    # One rounding apart at most: the relative step of bfloat16 is 2**-8.
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize(("rows", "dim"), SHAPES)
+def test_rms_norm(native, rows, dim):
+    x, weight = _bf16(rows, dim, seed=1, scale=3.0), _bf16(dim, seed=2)
+    _assert_within_bf16_rounding(
+        native.rms_norm(x, weight, 1e-5), REFERENCE.rms_norm(x, weight, 1e-5)
+    )
+
+
+@pytest.mark.parametrize(("rows", "dim"), SHAPES)
+def test_add_rms_norm_updates_the_residual_like_torch(native, rows, dim):
+    residual, delta, weight = _bf16(rows, dim, seed=3), _bf16(rows, dim, seed=4), _bf16(dim, seed=5)
+    want_hidden, want_normed = REFERENCE.add_rms_norm(residual, delta, weight, 1e-6)
+    hidden, normed = native.add_rms_norm(residual.clone(), delta, weight, 1e-6)
+    # The add rounds to bfloat16 exactly as torch's does.
+    assert torch.equal(hidden, want_hidden)
+    _assert_within_bf16_rounding(normed, want_normed)
+
+
+@pytest.mark.parametrize(("rows", "dim"), SHAPES)
+def test_silu_mul(native, rows, dim):
+    # Large gates on both sides: sigmoid must neither overflow nor lose its sign.
+    gate_up = _bf16(rows, 2 * dim, seed=6, scale=8.0)
+    _assert_within_bf16_rounding(native.silu_mul(gate_up), REFERENCE.silu_mul(gate_up))
+
+
+def test_what_the_kernels_do_not_take_goes_to_torch(native):
+    x32, w32 = torch.randn(3, 64), torch.randn(64)
+    assert torch.equal(native.rms_norm(x32, w32, 1e-5), REFERENCE.rms_norm(x32, w32, 1e-5))
+    strided = _bf16(64, 3, seed=7).t()  # not contiguous
+    weight = _bf16(64, seed=8)
+    assert torch.equal(native.rms_norm(strided, weight, 1e-5), F.rms_norm(strided, (64,), weight, 1e-5))
+    gate_up32 = torch.randn(2, 8)
+    assert torch.equal(native.silu_mul(gate_up32), REFERENCE.silu_mul(gate_up32))
+
+
+def test_float32_models_keep_torch_ops():
+    assert isinstance(layer_ops_for(torch.float32, torch.device("cpu")), TorchLayerOps)
+    assert isinstance(layer_ops_for(torch.bfloat16, torch.device("cpu"), False), TorchLayerOps)
+    with pytest.raises(ValueError, match="bfloat16"):
+        layer_ops_for(torch.float32, torch.device("cpu"), native=True)
+
+
+def test_bfloat16_runner_on_native_ops_matches_torch_ops(tiny_llama):
+    """Prefill and two decode steps of two sequences, native layer ops and decode
+    attention against torch ops and SDPA, in bfloat16."""
+    greedy = SamplingParams(temperature=0.0)
+    logits = {}
+    for native_ops in (False, True):  # the reference first: its picks drive both
+        runner = TorchModelRunner(
+            tiny_llama.config,
+            tiny_llama.state_dict(),
+            dtype=torch.bfloat16,
+            block_size=4,
+            num_blocks=16,
+        )
+        if not native_ops:
+            runner.model.ops = TorchLayerOps()
+            runner.attention.native_decode = False  # type: ignore[attr-defined]
+        tokens = [[5, 17, 99, 4, 203, 76, 31], [250, 11, 9]]
+        done = [0, 0]
+        steps = []
+        for _ in range(3):
+            chunks = tuple(
+                ScheduledChunk(
+                    seq_id=i,
+                    token_ids=toks[done[i] :],
+                    start_pos=done[i],
+                    block_table=[1 + 4 * i, 2 + 4 * i, 3 + 4 * i],
+                    sample=True,
+                    params=greedy,
+                )
+                for i, toks in enumerate(tokens)
+            )
+            batch = StepBatch(chunks=chunks)
+            steps.append(runner.forward_logits(batch))
+            # Both runners continue with the same tokens (the reference's picks).
+            picks = logits[False][len(steps) - 1] if False in logits else steps[-1]
+            for i, row in enumerate(picks.argmax(dim=-1).tolist()):
+                done[i] = len(tokens[i])
+                tokens[i].append(row)
+        logits[native_ops] = steps
+    for got, want in zip(logits[True], logits[False], strict=True):
+        assert F.cosine_similarity(got, want, dim=-1).min() > 0.999
