@@ -108,3 +108,15 @@ def load_library(name: str) -> ctypes.CDLL | None:
     except (RuntimeError, OSError) as exc:
         log.warning("native kernel %s unavailable, using the torch path: %s", name, exc)
         return None
+
+
+def bind(name: str, function: str, argtypes: list, restype=None):
+    """`function` of library `name` with its ctypes signature set, or None when the
+    library is unavailable (see `load_library`)."""
+    lib = load_library(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, function)
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = argtypes, restype
+    return fn

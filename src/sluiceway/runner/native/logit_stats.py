@@ -7,19 +7,14 @@ import ctypes
 
 import torch
 
-from sluiceway.runner.native.library import load_library
+from sluiceway.runner.native.library import bind
+
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]  # logits, rows, vocab
+_ARGTYPES += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]  # indices, lse, num_threads
 
 
 def _function():
-    lib = load_library("logit_stats")
-    if lib is None:
-        return None
-    fn = lib.argmax_logsumexp_f32
-    if fn.argtypes is None:
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        fn.argtypes += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        fn.restype = None
-    return fn
+    return bind("logit_stats", "argmax_logsumexp_f32", _ARGTYPES)
 
 
 def argmax_logsumexp(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

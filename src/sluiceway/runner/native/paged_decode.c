@@ -31,6 +31,23 @@
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 16
 
+/* Turn each of the `group` score rows (length `len`, maxima `top`) into
+ * exp(score - max) in place, and return each row's 1 / sum in `inv_total`. */
+static inline void softmax_rows(float *scores, int64_t len, int64_t group, const float *top,
+                                float *inv_total) {
+    for (int64_t g = 0; g < group; ++g) {
+        float *s = scores + g * len;
+        const float m = top[g];
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+            s[t] = exp_nonpositive(s[t] - m);
+            sum += s[t];
+        }
+        inv_total[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+}
+
 /* Attention of sequence `b`'s query heads that share KV head `kvh`. `scores` holds
  * at least group * seq_lens[b] floats. */
 static inline void decode_pair(const uint16_t *q, const uint16_t *k_cache,
@@ -64,17 +81,7 @@ static inline void decode_pair(const uint16_t *q, const uint16_t *k_cache,
             }
         }
     }
-    for (int64_t g = 0; g < group; ++g) {
-        float *s = scores + g * len;
-        const float m = top[g];
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            s[t] = exp_nonpositive(s[t] - m);
-            sum += s[t];
-        }
-        inv_total[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    }
+    softmax_rows(scores, len, group, top, inv_total);
     for (int64_t start = 0; start < len; start += block_size) {
         const int64_t n = len - start < block_size ? len - start : block_size;
         const uint16_t *value =
@@ -130,17 +137,7 @@ static inline __attribute__((always_inline)) void decode_pair_avx512(
             }
         }
     }
-    for (int g = 0; g < G; ++g) {
-        float *s = scores + g * len;
-        const float m = top[g];
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; ++t) {
-            s[t] = exp_nonpositive(s[t] - m);
-            sum += s[t];
-        }
-        inv_total[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    }
+    softmax_rows(scores, len, G, top, inv_total);
     for (int64_t start = 0; start < len; start += block_size) {
         const int64_t n = len - start < block_size ? len - start : block_size;
         const uint16_t *value =

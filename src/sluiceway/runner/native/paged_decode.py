@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from sluiceway.runner.native.library import load_library
+from sluiceway.runner.native.library import bind
 
 _ARGTYPES = (
     [ctypes.c_void_p] * 4  # q, k_cache, v_cache, block_tables
@@ -23,14 +23,7 @@ _ARGTYPES = (
 
 
 def _function():
-    lib = load_library("paged_decode")
-    if lib is None:
-        return None
-    fn = lib.paged_decode_bf16
-    if fn.argtypes is None:
-        fn.argtypes = _ARGTYPES
-        fn.restype = ctypes.c_int
-    return fn
+    return bind("paged_decode", "paged_decode_bf16", _ARGTYPES, ctypes.c_int)
 
 
 def native_decode_available(cache_dtype: torch.dtype, device: torch.device) -> bool:
