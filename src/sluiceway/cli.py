@@ -29,6 +29,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
@@ -68,6 +75,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         help="watchdog: a model step longer than this many seconds fails the engine (503 on /health)",
     )
+    group.add_argument(
+        "--stream-interval",
+        type=_positive_int,
+        default=1,
+        help="tokens per streamed event (the first token is sent at once); more means fewer, "
+        "larger events and less per-token server work, at the cost of a burstier stream",
+    )
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -92,6 +106,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         step_timeout=args.step_timeout,
+        stream_interval=args.stream_interval,
     )
 
 

@@ -25,7 +25,11 @@ class EngineConfig:
     `kv_cache_memory_bytes`. `max_waiting` bounds the requests queued but not yet
     running; past it `Engine.generate` raises `QueueFullError`. `step_timeout` is
     the watchdog: a model step running longer than that many seconds marks the
-    engine failed (None: no watchdog).
+    engine failed (None: no watchdog). `stream_interval` is how many tokens a
+    choice's channel receives per delta: 1 delivers every token as it is made;
+    larger values hold tokens back and deliver them together (the first token and
+    the last delta go out at once), so a streaming consumer formats and writes
+    fewer, larger events.
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)
@@ -37,6 +41,7 @@ class EngineConfig:
     max_waiting: int = attrs.field(default=256, validator=_positive)
     enable_prefix_caching: bool = True
     step_timeout: float | None = attrs.field(default=None, validator=_positive)
+    stream_interval: int = attrs.field(default=1, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

@@ -11,6 +11,7 @@ import trio
 
 from server_helpers import StreamResult, chat, parse_event, stream
 from sluiceway.api.serve import RunningServer
+from sluiceway.config import EngineConfig
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner
@@ -199,3 +200,26 @@ async def test_echo_and_stop(client: httpx.AsyncClient) -> None:
     assert words[2] not in choice["text"].split()[2:] and len(choice["text"]) < len(
         full["choices"][0]["text"]
     )
+
+
+async def test_stream_interval_sends_fewer_events_with_the_same_text(
+    start_server: Any, client: httpx.AsyncClient
+) -> None:
+    body = chat("count", max_tokens=7, logprobs=True, stream_options={"include_usage": True})
+    every_token = await stream(client, "/v1/chat/completions", body)
+    async with (
+        start_server(engine_config=EngineConfig(stream_interval=3)) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as joined_client,
+    ):
+        joined = await stream(joined_client, "/v1/chat/completions", body)
+    joined.check_well_formed()
+
+    def tokens_per_event(result: StreamResult) -> list[int]:
+        return [len(c["logprobs"]["content"]) for c in result.by_index()[0] if c["logprobs"]]
+
+    # One token per event against the first token alone, then three at a time.
+    assert tokens_per_event(every_token) == [1] * 7
+    assert tokens_per_event(joined) == [1, 3, 3]
+    assert joined.texts() == every_token.texts() and joined.texts()[0]
+    assert joined.usage() == every_token.usage()
+    assert joined.finish_reasons() == every_token.finish_reasons() == {0: "length"}

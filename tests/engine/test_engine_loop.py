@@ -200,3 +200,48 @@ async def test_watchdog_fails_a_hung_step_instead_of_hanging(autojump_clock):
     assert deltas[-1].finish_reason == "error" and "watchdog" in deltas[-1].error
     assert not engine.healthy
     assert engine.stats().num_running_seqs == 0 and engine.stats().kv_blocks_used == 0
+
+
+async def test_stream_interval_joins_tokens_after_the_first(autojump_clock):
+    async def run(interval):
+        engine, _ = make_engine(stream_interval=interval)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            async with engine.generate(tok.encode("ab"), SamplingParams(max_tokens=8)) as (ch,):
+                deltas = await collect(ch)
+            nursery.cancel_scope.cancel()
+        return deltas
+
+    one_by_one, joined = await run(1), await run(3)
+    # The first token at once, then three at a time, and the rest with the finish.
+    assert [len(d.token_ids) for d in joined] == [1, 3, 3, 1]
+    assert [d.num_output_tokens for d in joined] == [1, 4, 7, 8]
+    assert joined[-1].finish_reason == "length"
+    assert "".join(d.text for d in joined) == "".join(d.text for d in one_by_one) == "cdefghij"
+    assert [t for d in joined for t in d.token_ids] == [t for d in one_by_one for t in d.token_ids]
+
+
+async def test_stream_interval_hands_over_held_tokens_before_a_failure(autojump_clock):
+    engine, _ = make_engine(ScriptedRunner(fail_on_step=3), stream_interval=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate(tok.encode("ab"), SamplingParams(max_tokens=8)) as (ch,):
+            deltas = await collect(ch)
+        nursery.cancel_scope.cancel()
+    # Steps 0-2 made three tokens: the first went out alone, two were held.
+    assert [d.token_ids for d in deltas[:2]] == [(99,), (100, 101)]
+    assert deltas[-1].finish_reason == "error"
+    assert not engine._held
+
+
+async def test_stream_interval_forgets_held_tokens_of_an_aborted_choice(autojump_clock):
+    engine, _ = make_engine(stream_interval=4)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate(tok.encode("ab"), SamplingParams(max_tokens=50)) as (ch,):
+            await ch.receive()  # the first token
+            await engine._step_boundary.park()  # the end of a later step: a token is held
+            assert engine._held
+        await engine.wait_idle()
+        assert not engine._held
+        nursery.cancel_scope.cancel()

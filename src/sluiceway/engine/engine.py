@@ -82,6 +82,8 @@ class Engine:
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](math.inf)
         # seq id -> (request id, the choice's send channel); owned by the loop
         self._senders: dict[int, tuple[int, trio.MemorySendChannel[ChoiceDelta]]] = {}
+        # seq id -> tokens held back until `stream_interval` of them are ready; owned by the loop
+        self._held: dict[int, ChoiceDelta] = {}
         self._live_requests: set[int] = set()
         self._queued_choices = 0  # choices sent to the inbox, not yet seen by the loop
         self._request_ids = itertools.count()
@@ -242,11 +244,15 @@ class Engine:
         self._live_requests.discard(request_id)
         for seq_id in self._core.abort_request(request_id):
             self._senders.pop(seq_id)[1].close()
+            self._held.pop(seq_id, None)
 
     def _deliver(self, deltas: list[tuple[int, ChoiceDelta]]) -> None:
         for seq_id, delta in deltas:
             entry = self._senders.get(seq_id)
             if entry is None:
+                continue
+            delta = self._hold_back(seq_id, delta)
+            if delta is None:
                 continue
             request_id, sender = entry
             try:
@@ -259,11 +265,33 @@ class Engine:
                 if not self._core.has_request(request_id):
                     self._live_requests.discard(request_id)
 
+    def _hold_back(self, seq_id: int, delta: ChoiceDelta) -> ChoiceDelta | None:
+        """The delta to send now for `seq_id` (joined with the tokens held back
+        before it), or None to hold it until `stream_interval` tokens are ready.
+        The first token and the last delta are never held."""
+        interval = self.config.stream_interval
+        if interval == 1:
+            return delta
+        held = self._held.pop(seq_id, None)
+        if held is not None:
+            delta = held.then(delta)
+        if (
+            delta.finish_reason is not None
+            or delta.num_output_tokens == 1
+            or len(delta.token_ids) >= interval
+        ):
+            return delta
+        self._held[seq_id] = delta
+        return None
+
     def _fail(self, reason: str) -> None:
         self._failure = reason
         error = ChoiceDelta((), "", finish_reason="error", error=reason)
-        for _, sender in self._senders.values():
+        for seq_id, (_, sender) in self._senders.items():
+            held = self._held.pop(seq_id, None)
             try:
+                if held is not None:  # tokens already made are not lost
+                    sender.send_nowait(held)
                 sender.send_nowait(error)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
                 pass

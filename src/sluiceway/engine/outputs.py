@@ -39,3 +39,13 @@ class ChoiceDelta:
     num_output_tokens: int = 0
     num_cached_prompt_tokens: int = 0
     error: str | None = None
+
+    def then(self, later: ChoiceDelta) -> ChoiceDelta:
+        """This delta followed by `later` (of the same choice) as one delta: tokens,
+        text and logprobs joined; finish, stop, error and counts from `later`."""
+        return attrs.evolve(
+            later,
+            token_ids=self.token_ids + later.token_ids,
+            text=self.text + later.text,
+            logprobs=self.logprobs + later.logprobs,
+        )
