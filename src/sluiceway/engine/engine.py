@@ -251,15 +251,15 @@ class Engine:
             entry = self._senders.get(seq_id)
             if entry is None:
                 continue
-            delta = self._hold_back(seq_id, delta)
-            if delta is None:
+            ready = self._hold_back(seq_id, delta)
+            if ready is None:
                 continue
             request_id, sender = entry
             try:
-                sender.send_nowait(delta)
+                sender.send_nowait(ready)
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
                 pass  # the reader is gone; the request's abort is on its way
-            if delta.finish_reason is not None:
+            if ready.finish_reason is not None:
                 del self._senders[seq_id]
                 sender.close()
                 if not self._core.has_request(request_id):
