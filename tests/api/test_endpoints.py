@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from functools import partial
@@ -109,3 +110,19 @@ async def test_sigterm_drains_and_stops(runner: ScriptedRunner, tokenizer: Any) 
             os.kill(os.getpid(), signal.SIGTERM)
         # serve_async returned by itself: nothing cancelled this nursery
     assert server.state.draining and not engine.healthy
+
+
+async def test_plain_health_check_is_answered_before_quart(server: RunningServer) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("quart would read the request; the fast path does not")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/health", "method": "GET", "headers": [(b"host", b"x")]}
+    await server.app(scope, receive, send)
+    assert sent[0]["status"] == 200
+    assert (b"content-type", b"application/json") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"]) == {"status": "ok"} and not sent[1]["more_body"]

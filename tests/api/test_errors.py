@@ -192,3 +192,9 @@ async def test_cors(start_server: Any) -> None:
         assert r.headers["access-control-allow-origin"] == "https://app.example"
         r = await client.get("/v1/models", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in r.headers
+        # /health answers plain checks before quart; a browser's still gets CORS headers.
+        plain = await client.get("/health")
+        r = await client.get("/health", headers={"Origin": "https://app.example"})
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "access-control-allow-origin" not in plain.headers
+        assert (r.status_code, r.json()) == (plain.status_code, plain.json()) == (200, {"status": "ok"})

@@ -232,6 +232,9 @@ async def test_engine_failure_errors_in_stream_and_unhealthy(
         assert plain[0].status_code == 503
         r = await client.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+        # A browser's check (Origin: quart's route, not the fast path) says the same.
+        from_browser = await client.get("/health", headers={"Origin": "https://app.example"})
+        assert (from_browser.status_code, from_browser.json()) == (503, r.json())
         r = await client.post(C, json=chat("after", max_tokens=5, stream=True))
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unhealthy"
         assert (await client.get("/metrics")).status_code == 200

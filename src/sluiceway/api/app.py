@@ -38,6 +38,30 @@ class SluicewayApp(QuartTrio):
     def state(self) -> ServerState:
         return self.config["SLUICEWAY_STATE"]
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Plain `GET /health` is answered here, before quart: through quart it cost
+        0.8 ms of CPU per call on the 2-core dev machine, taken from the model's
+        OpenMP threads under load (a probe every 50 ms cut 32-stream throughput by
+        4-25% in three pairs of runs). Browser checks (an Origin header) still go
+        through quart, for CORS."""
+        if _is_plain_health_check(scope):
+            status, body = self.state.health()
+            data = sse.dumps(body).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _is_plain_health_check(scope: Any) -> bool:
+    return (
+        scope["type"] == "http"
+        and scope["path"] == "/health"
+        and scope["method"] == "GET"
+        and all(name != b"origin" for name, _ in scope["headers"])
+    )
+
 
 def _error_response(error: errors.APIError) -> Response:
     response = Response(

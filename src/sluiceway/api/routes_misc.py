@@ -26,14 +26,10 @@ def _json(obj: Any, status: int = 200) -> Response:
 
 @blueprint.get("/health")
 async def health() -> Response:
-    state = _state()
-    if state.draining or not state.engine.healthy:
-        return _json(
-            state.unavailable_error().body()
-            | {"status": "draining" if state.draining else "unhealthy"},
-            503,
-        )
-    return _json({"status": "ok"})
+    """Only browser checks (with an Origin header, for CORS) get here; plain ones
+    are answered by `SluicewayApp` before quart."""
+    status, body = _state().health()
+    return _json(body, status)
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:

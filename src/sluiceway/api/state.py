@@ -57,6 +57,14 @@ class ServerState:
     def unavailable_error(self) -> APIError:
         return draining() if self.draining else engine_unhealthy(self.engine.failure)
 
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """GET /health's status code and JSON body: 200 while serving, 503 while
+        draining or once the engine has failed."""
+        if self.draining or not self.engine.healthy:
+            status = "draining" if self.draining else "unhealthy"
+            return 503, self.unavailable_error().body() | {"status": status}
+        return 200, {"status": "ok"}
+
     def request_deadline_from(self, started_at: float) -> float:
         timeout = self.server_config.request_timeout
         return math.inf if timeout is None else started_at + timeout
