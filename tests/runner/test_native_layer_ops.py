@@ -1,6 +1,6 @@
 """The native (C) layer ops against the torch reference: RMSNorm, residual add +
-RMSNorm and SiLU-and-multiply in bfloat16, their fallbacks, and a bfloat16 runner
-built on them."""
+RMSNorm, SiLU-and-multiply and RoPE with the KV-cache store in bfloat16, their
+fallbacks, and a bfloat16 runner built on them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.runner.kv_cache import KVCache
+from sluiceway.runner.model import apply_rope
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.native.layer_ops import NativeLayerOps, TorchLayerOps, layer_ops_for
 
@@ -64,12 +66,74 @@ def test_silu_mul(native, rows, dim):
     _assert_within_bf16_rounding(native.silu_mul(gate_up), REFERENCE.silu_mul(gate_up))
 
 
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+
+
+def _rope_case(rows: int, seed: int):
+    qkv = _bf16(rows, (HEADS + 2 * KV_HEADS) * HEAD_DIM, seed=seed, scale=4.0)
+    cos = _bf16(rows, 1, HEAD_DIM, seed=seed + 1)
+    sin = _bf16(rows, 1, HEAD_DIM, seed=seed + 2)
+    cache = KVCache.allocate(
+        num_layers=1,
+        num_blocks=64,
+        block_size=16,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        dtype=torch.bfloat16,
+    )
+    gen = torch.Generator().manual_seed(seed + 3)
+    slots = torch.randperm(64 * 16, generator=gen)[:rows]
+    return qkv, cos, sin, cache, slots
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])  # 300 rows take the parallel path
+def test_rope_and_cache_is_apply_rope_and_the_cache_write_bit_for_bit(native, rows):
+    qkv, cos, sin, cache, slots = _rope_case(rows, seed=rows)
+    qk = qkv[:, : (HEADS + KV_HEADS) * HEAD_DIM].view(rows, HEADS + KV_HEADS, HEAD_DIM)
+    want_q, want_k = apply_rope(qk, cos, sin).split([HEADS, KV_HEADS], dim=1)
+    want_v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(rows, KV_HEADS, HEAD_DIM)
+    want_cache = KVCache(
+        [torch.zeros_like(cache.key_caches[0])], [torch.zeros_like(cache.value_caches[0])], 16
+    )
+    want_cache.write(0, slots, want_k, want_v)
+
+    fused = native.rope_and_cache(
+        qkv.clone(), cos, sin, HEADS, slots, cache.key_caches[0], cache.value_caches[0]
+    )
+    assert fused is not None
+    q, k, v = fused
+    assert torch.equal(q, want_q) and torch.equal(k, want_k) and torch.equal(v, want_v)
+    assert torch.equal(cache.key_caches[0], want_cache.key_caches[0])
+    assert torch.equal(cache.value_caches[0], want_cache.value_caches[0])
+
+
+def test_rope_and_cache_refuses_a_slot_outside_the_cache_and_writes_nothing(native):
+    qkv, cos, sin, cache, slots = _rope_case(3, seed=11)
+    slots[2] = 64 * 16  # one past the last slot
+    with pytest.raises(IndexError, match="outside the cache"):
+        native.rope_and_cache(
+            qkv, cos, sin, HEADS, slots, cache.key_caches[0], cache.value_caches[0]
+        )
+    assert not cache.key_caches[0].any() and not cache.value_caches[0].any()
+
+
+def test_rope_and_cache_leaves_what_it_does_not_take_to_the_caller(native):
+    qkv, cos, sin, cache, slots = _rope_case(2, seed=12)
+    caches = (cache.key_caches[0], cache.value_caches[0])
+    assert REFERENCE.rope_and_cache(qkv, cos, sin, HEADS, slots, *caches) is None
+    assert native.rope_and_cache(qkv.float(), cos, sin, HEADS, slots, *caches) is None
+    assert native.rope_and_cache(qkv, cos, sin, HEADS, slots.to(torch.int32), *caches) is None
+    assert not caches[0].any()
+
+
 def test_what_the_kernels_do_not_take_goes_to_torch(native):
     x32, w32 = torch.randn(3, 64), torch.randn(64)
     assert torch.equal(native.rms_norm(x32, w32, 1e-5), REFERENCE.rms_norm(x32, w32, 1e-5))
     strided = _bf16(64, 3, seed=7).t()  # not contiguous
     weight = _bf16(64, seed=8)
-    assert torch.equal(native.rms_norm(strided, weight, 1e-5), F.rms_norm(strided, (64,), weight, 1e-5))
+    assert torch.equal(
+        native.rms_norm(strided, weight, 1e-5), F.rms_norm(strided, (64,), weight, 1e-5)
+    )
     gate_up32 = torch.randn(2, 8)
     assert torch.equal(native.silu_mul(gate_up32), REFERENCE.silu_mul(gate_up32))
 

@@ -56,7 +56,8 @@ class AttentionBackend(Protocol):
     """Attention for every layer of one model over one `KVCache`.
 
     `prepare` runs once per step and returns the metadata every layer then gets
-    (possibly with `plan` set); `forward` writes k/v at `slot_mapping`, then attends
+    (possibly with `plan` set); `forward` writes k/v at `slot_mapping` (unless
+    `kv_written`: the caller already stored exactly these k/v there), then attends
     causally within each sequence, including its cached prefix, and returns
     `[T, num_heads, head_dim]`.
     """
@@ -72,6 +73,8 @@ class AttentionBackend(Protocol):
         k: torch.Tensor,
         v: torch.Tensor,
         meta: AttentionMetadata,
+        *,
+        kv_written: bool = False,
     ) -> torch.Tensor: ...
 
 
@@ -227,8 +230,11 @@ class TorchAttention:
         k: torch.Tensor,
         v: torch.Tensor,
         meta: AttentionMetadata,
+        *,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        self.kv_cache.write(layer, meta.slot_mapping, k, v)
+        if not kv_written:
+            self.kv_cache.write(layer, meta.slot_mapping, k, v)
         k_flat, v_flat = self.kv_cache.flat_views(layer)
         plan = meta.plan if meta.plan is not None else self.prepare(meta).plan
         if plan.decode is not None and plan.decode.rows is None:

@@ -229,6 +229,20 @@ class LlamaModel:
         s = self.shape
         qkv = layer.qkv(x)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        cache = attention.kv_cache
+        fused = self.ops.rope_and_cache(
+            qkv,
+            cos,
+            sin,
+            s.num_heads,
+            meta.slot_mapping,
+            cache.key_caches[i],
+            cache.value_caches[i],
+        )
+        if fused is not None:
+            q, k, v = fused
+            out = attention.forward(i, q, k, v, meta, kv_written=True)
+            return layer.o(out.reshape(-1, q_size))
         # q and k sit side by side in qkv, so one rotation covers both heads' sets
         # (half the elementwise launches); the result is the same element by element.
         qk = qkv[:, : q_size + kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)

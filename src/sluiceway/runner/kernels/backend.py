@@ -52,12 +52,16 @@ class TritonAttention:
         k: torch.Tensor,
         v: torch.Tensor,
         meta: AttentionMetadata,
+        *,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        """Write `k`, `v` (`[T, KVH, D]`) at `meta.slot_mapping`, then return causal
-        paged attention for `q` (`[T, H, D]`) as `[T, H, D]` in `q`'s dtype."""
+        """Write `k`, `v` (`[T, KVH, D]`) at `meta.slot_mapping` (unless `kv_written`:
+        the caller did), then return causal paged attention for `q` (`[T, H, D]`) as
+        `[T, H, D]` in `q`'s dtype."""
         key_cache = self.kv_cache.key_caches[layer]
         value_cache = self.kv_cache.value_caches[layer]
-        self._write(k, v, key_cache, value_cache, meta.slot_mapping)
+        if not kv_written:
+            self._write(k, v, key_cache, value_cache, meta.slot_mapping)
         q = q.to(key_cache.dtype)
         max_query_len = meta.max_query_len
         if max_query_len == 1 and q.shape[0] == meta.num_seqs:
