@@ -5,7 +5,11 @@
  * float32 and used to weight the values; nothing is gathered or padded, so the work
  * is proportional to the real context lengths. The pairs are independent and run
  * in parallel (OpenMP; the library links the libgomp torch has already loaded, so
- * both share one thread pool).
+ * both share one thread pool). When there are too few pairs to keep every thread
+ * busy (a single sequence has one pair per KV head: 3 for 2 threads with the default
+ * model), each context is cut into equal spans that run as separate items, each
+ * keeping its own running max, exp-sum and weighted values, and the spans of a pair
+ * are merged afterwards (split-context decoding, as in flash-decoding).
  *
  * Layouts (all contiguous, row-major):
  *   q, out        [B, H, D]
@@ -19,6 +23,7 @@
  * 9 heads over 3).
  */
 #include <math.h>
+#include <omp.h>
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #endif
@@ -32,9 +37,9 @@
 #define MAX_GROUP 16
 
 /* Turn each of the `group` score rows (length `len`, maxima `top`) into
- * exp(score - max) in place, and return each row's 1 / sum in `inv_total`. */
+ * exp(score - max) in place, and return each row's sum in `total`. */
 static inline void softmax_rows(float *scores, int64_t len, int64_t group, const float *top,
-                                float *inv_total) {
+                                float *total) {
     for (int64_t g = 0; g < group; ++g) {
         float *s = scores + g * len;
         const float m = top[g];
@@ -44,87 +49,119 @@ static inline void softmax_rows(float *scores, int64_t len, int64_t group, const
             s[t] = exp_nonpositive(s[t] - m);
             sum += s[t];
         }
-        inv_total[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        total[g] = sum;
     }
 }
 
-/* Attention of sequence `b`'s query heads that share KV head `kvh`. `scores` holds
- * at least group * seq_lens[b] floats. */
-static inline void decode_pair(const uint16_t *q, const uint16_t *k_cache,
-                               const uint16_t *v_cache, const int32_t *table, int64_t len,
-                               uint16_t *out, int64_t b, int64_t kvh, int64_t num_heads,
-                               int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                               float scale, float *scores) {
+/* One item's share of a pair's attention: the partial results of the query heads
+ * that share KV head `kvh` over context positions `begin .. end - 1` of sequence `b`:
+ * per head g, top[g] = the highest score, total[g] = sum of exp(score - top[g]) and
+ * acc[g * head_dim + d] = sum of exp(score - top[g]) * value[d]. `scores` holds at
+ * least group * (end - begin) floats. */
+typedef struct {
+    float *acc; /* [group, head_dim] */
+    float *top; /* [group] */
+    float *total; /* [group] */
+} Partial;
+
+static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
+                               const uint16_t *v_cache, const int32_t *table, int64_t begin,
+                               int64_t end, Partial part, int64_t b, int64_t kvh,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               int64_t block_size, float scale, float *scores) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t row_stride = num_kv_heads * head_dim; /* between slots, in elements */
-    float qf[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM];
-    float row[MAX_HEAD_DIM], top[MAX_GROUP], inv_total[MAX_GROUP];
+    const int64_t len = end - begin;
+    float qf[MAX_GROUP][MAX_HEAD_DIM];
+    float row[MAX_HEAD_DIM];
     for (int64_t g = 0; g < group; ++g) {
         const uint16_t *src = q + (b * num_heads + kvh * group + g) * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) qf[g][d] = bf16_to_float(src[d]) * scale;
-        for (int64_t d = 0; d < head_dim; ++d) acc[g][d] = 0.0f;
-        top[g] = -INFINITY;
+        for (int64_t d = 0; d < head_dim; ++d) part.acc[g * head_dim + d] = 0.0f;
+        part.top[g] = -INFINITY;
     }
-    /* Scores, block by block (no division per token). */
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const uint16_t *key =
-            k_cache + ((int64_t)table[start / block_size] * block_size) * row_stride + kvh * head_dim;
+    /* Scores, a block's run of slots at a time (no division per token). */
+    for (int64_t t = begin; t < end;) {
+        const int64_t in_block = t % block_size;
+        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
+        const uint16_t *key = k_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
+                                            row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, key += row_stride) {
             for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(key[d]);
             for (int64_t g = 0; g < group; ++g) {
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
                 for (int64_t d = 0; d < head_dim; ++d) dot += qf[g][d] * row[d];
-                scores[g * len + start + i] = dot;
-                top[g] = dot > top[g] ? dot : top[g];
+                scores[g * len + t - begin + i] = dot;
+                part.top[g] = dot > part.top[g] ? dot : part.top[g];
             }
         }
+        t += n;
     }
-    softmax_rows(scores, len, group, top, inv_total);
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const uint16_t *value =
-            v_cache + ((int64_t)table[start / block_size] * block_size) * row_stride + kvh * head_dim;
+    softmax_rows(scores, len, group, part.top, part.total);
+    for (int64_t t = begin; t < end;) {
+        const int64_t in_block = t % block_size;
+        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
+        const uint16_t *value = v_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
+                                              row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, value += row_stride) {
             for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(value[d]);
             for (int64_t g = 0; g < group; ++g) {
-                const float w = scores[g * len + start + i];
+                const float w = scores[g * len + t - begin + i];
+                float *acc = part.acc + g * head_dim;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) acc[g][d] += w * row[d];
+                for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * row[d];
             }
         }
-    }
-    for (int64_t g = 0; g < group; ++g) {
-        uint16_t *dst = out + (b * num_heads + kvh * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = float_to_bf16(acc[g][d] * inv_total[g]);
+        t += n;
     }
 }
 
+/* Ask for slots `t .. t + n - 1` of one KV head (head_dim bfloat16s each, `row_stride`
+ * apart) to be brought into cache. At batch 1 decode is bound by memory latency: a
+ * context's blocks sit anywhere in the cache, so the hardware prefetcher loses the
+ * stream at every block boundary, and every layer's weights pass through the caches
+ * between two reads of its KV blocks. */
+static inline void prefetch_rows(const uint16_t *row, int64_t n, int64_t row_stride,
+                                 int64_t head_dim) {
+    for (int64_t i = 0; i < n; ++i, row += row_stride)
+        for (int64_t off = 0; off < head_dim; off += 32) __builtin_prefetch(row + off);
+}
+
 #ifdef __AVX512BF16__
-/* The same attention with AVX512-BF16: q.k with vdpbf16ps straight from the bf16
- * cache (products exact in float32, summed in float32), scaled after the dot;
- * values widened to float32 and accumulated in registers. `G` query heads per KV
- * head and `C` = head_dim / 16 are compile-time constants at every call. */
-static inline __attribute__((always_inline)) void decode_pair_avx512(
+/* The same span with AVX512-BF16: q.k with vdpbf16ps straight from the bf16 cache
+ * (products exact in float32, summed in float32), scaled after the dot; values
+ * widened to float32 and accumulated in registers. `G` query heads per KV head and
+ * `C` = head_dim / 16 are compile-time constants at every call. */
+static inline __attribute__((always_inline)) void decode_span_avx512(
     const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table,
-    int64_t len, uint16_t *out, int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
-    int64_t block_size, float scale, float *scores, const int G, const int C) {
+    int64_t begin, int64_t end, Partial part, int64_t b, int64_t kvh, int64_t num_heads,
+    int64_t num_kv_heads, int64_t block_size, float scale, float *scores, const int G,
+    const int C) {
     const int64_t head_dim = 16 * C;
     const int64_t row_stride = num_kv_heads * head_dim;
+    const int64_t len = end - begin;
     __m512bh qb[G][C / 2];
     __m512 acc[G][C];
-    float top[G], inv_total[G];
     for (int g = 0; g < G; ++g) {
         const uint16_t *src = q + (b * num_heads + kvh * G + g) * head_dim;
         for (int c = 0; c < C / 2; ++c) qb[g][c] = (__m512bh)_mm512_loadu_si512(src + 32 * c);
         for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
-        top[g] = -INFINITY;
+        part.top[g] = -INFINITY;
     }
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const uint16_t *key =
-            k_cache + ((int64_t)table[start / block_size] * block_size) * row_stride + kvh * head_dim;
+    for (int64_t t = begin; t < end;) {
+        const int64_t in_block = t % block_size;
+        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
+        const int64_t slot = (int64_t)table[t / block_size] * block_size + in_block;
+        const uint16_t *key = k_cache + slot * row_stride + kvh * head_dim;
+        /* This run's values (read in the second pass) and the next run's keys. */
+        prefetch_rows(v_cache + slot * row_stride + kvh * head_dim, n, row_stride, head_dim);
+        if (t + n < end) {
+            const int64_t next_n = end - t - n < block_size ? end - t - n : block_size;
+            prefetch_rows(k_cache + (int64_t)table[(t + n) / block_size] * block_size * row_stride +
+                              kvh * head_dim,
+                          next_n, row_stride, head_dim);
+        }
         for (int64_t i = 0; i < n; ++i, key += row_stride) {
             __m512bh k[C / 2];
             for (int c = 0; c < C / 2; ++c) k[c] = (__m512bh)_mm512_loadu_si512(key + 32 * c);
@@ -132,16 +169,18 @@ static inline __attribute__((always_inline)) void decode_pair_avx512(
                 __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], k[0]);
                 for (int c = 1; c < C / 2; ++c) p = _mm512_dpbf16_ps(p, qb[g][c], k[c]);
                 const float dot = _mm512_reduce_add_ps(p) * scale;
-                scores[g * len + start + i] = dot;
-                top[g] = dot > top[g] ? dot : top[g];
+                scores[g * len + t - begin + i] = dot;
+                part.top[g] = dot > part.top[g] ? dot : part.top[g];
             }
         }
+        t += n;
     }
-    softmax_rows(scores, len, G, top, inv_total);
-    for (int64_t start = 0; start < len; start += block_size) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        const uint16_t *value =
-            v_cache + ((int64_t)table[start / block_size] * block_size) * row_stride + kvh * head_dim;
+    softmax_rows(scores, len, G, part.top, part.total);
+    for (int64_t t = begin; t < end;) {
+        const int64_t in_block = t % block_size;
+        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
+        const uint16_t *value = v_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
+                                              row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, value += row_stride) {
             __m512 v[C];
             for (int c = 0; c < C; ++c)
@@ -149,34 +188,27 @@ static inline __attribute__((always_inline)) void decode_pair_avx512(
                     _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(value + 16 * c))),
                     16));
             for (int g = 0; g < G; ++g) {
-                const __m512 w = _mm512_set1_ps(scores[g * len + start + i]);
+                const __m512 w = _mm512_set1_ps(scores[g * len + t - begin + i]);
                 for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
             }
         }
+        t += n;
     }
-    for (int g = 0; g < G; ++g) {
-        uint16_t *dst = out + (b * num_heads + kvh * G + g) * head_dim;
-        const __m512 inv = _mm512_set1_ps(inv_total[g]);
-        for (int c = 0; c < C; c += 2) {
-            /* vcvtne2ps2bf16 rounds to nearest even, like float_to_bf16. */
-            __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_mul_ps(acc[g][c + 1], inv),
-                                                  _mm512_mul_ps(acc[g][c], inv));
-            _mm512_storeu_si512(dst + 16 * c, (__m512i)packed);
-        }
-    }
+    for (int g = 0; g < G; ++g)
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(part.acc + g * head_dim + 16 * c, acc[g][c]);
 }
 
 #define AVX512_CASE(G, C)                                                                    \
     case (G) * 100 + (C):                                                                    \
-        decode_pair_avx512(q, k_cache, v_cache, table, len, out, b, kvh, num_heads,          \
+        decode_span_avx512(q, k_cache, v_cache, table, begin, end, part, b, kvh, num_heads,  \
                            num_kv_heads, block_size, scale, scores, G, C);                   \
         return 1;
 #define AVX512_CASES(G) AVX512_CASE(G, 4) AVX512_CASE(G, 8)
 
 /* 1 if a specialised kernel took this (G, head_dim), else 0. */
-static int decode_pair_fast(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                            const int32_t *table, int64_t len, uint16_t *out, int64_t b,
-                            int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
+static int decode_span_fast(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                            const int32_t *table, int64_t begin, int64_t end, Partial part,
+                            int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, float scale, float *scores) {
     switch ((num_heads / num_kv_heads) * 100 + head_dim / 16) {
         AVX512_CASES(1) AVX512_CASES(2) AVX512_CASES(3) AVX512_CASES(4)
@@ -186,44 +218,118 @@ static int decode_pair_fast(const uint16_t *q, const uint16_t *k_cache, const ui
 }
 #endif
 
+/* Merge the `parts` partial results of one pair (each for `group` heads) and write
+ * the bfloat16 attention of its query heads to `out` ([group, head_dim]). */
+static void finish_pair(const float *acc, const float *top, const float *total, int64_t parts,
+                        int64_t group, int64_t head_dim, uint16_t *out) {
+    for (int64_t g = 0; g < group; ++g) {
+        float m = -INFINITY;
+        for (int64_t p = 0; p < parts; ++p) m = top[p * group + g] > m ? top[p * group + g] : m;
+        float merged[MAX_HEAD_DIM], sum = 0.0f;
+        for (int64_t d = 0; d < head_dim; ++d) merged[d] = 0.0f;
+        for (int64_t p = 0; p < parts; ++p) {
+            /* A span's values were weighted relative to its own max. */
+            const float w = parts == 1 ? 1.0f : exp_nonpositive(top[p * group + g] - m); /* -inf: 0 */
+            const float *a = acc + (p * group + g) * head_dim;
+            sum += w * total[p * group + g];
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) merged[d] += w * a[d];
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t d = 0; d < head_dim; ++d) out[g * head_dim + d] = float_to_bf16(merged[d] * inv);
+    }
+}
+
+/* How many spans each context is cut into: 1 while there are enough (sequence, KV
+ * head) pairs to keep `num_threads` threads evenly busy; otherwise enough spans to
+ * make the item count a multiple of the thread count, each at least MIN_SPAN slots
+ * long (a span costs a few hundred nanoseconds to set up and merge). */
+#define MIN_SPAN 32
+static int64_t spans_per_context(int64_t pairs, int num_threads, int64_t longest) {
+    if (num_threads < 2 || pairs % num_threads == 0 || pairs >= 4 * num_threads) return 1;
+    int64_t a = pairs, b = num_threads;
+    while (b) { const int64_t r = a % b; a = b; b = r; } /* gcd */
+    int64_t spans = num_threads / a;
+    while (spans > 1 && longest / spans < MIN_SPAN) --spans;
+    return spans;
+}
+
 /* Returns 0 on success, 1 for shapes this kernel does not take (head_dim above
  * MAX_HEAD_DIM, more than MAX_GROUP query heads per KV head, heads not a multiple of
  * KV heads), 2 when scratch memory could not be allocated. `portable` = 1 skips the
- * AVX512-BF16 path (so tests can check both on one machine). */
+ * AVX512-BF16 path (so tests can check both on one machine); `spans` > 0 forces
+ * that many spans per context (for tests), 0 chooses. */
 static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                         const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
                         uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_dim, int64_t block_size, float scale, int num_threads,
-                        int portable) {
+                        int portable, int64_t spans) {
     if (num_kv_heads < 1 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > MAX_GROUP)
         return 1;
     const int64_t group = num_heads / num_kv_heads;
+    const int64_t pairs = num_seqs * num_kv_heads;
     int64_t longest = 1;
     for (int64_t b = 0; b < num_seqs; ++b)
         if (seq_lens[b] > longest) longest = seq_lens[b];
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    if (spans < 1) spans = spans_per_context(pairs, num_threads, longest);
+    const int64_t items = pairs * spans;
+    /* Partial results of every item: acc [items, group, head_dim], top and total
+     * [items, group]; item (pair, span) is at pair * spans + span. */
+    float *scratch = malloc(sizeof(float) * (size_t)(items * group * (head_dim + 2)));
+    if (scratch == NULL) return 2;
+    float *acc_all = scratch, *top_all = scratch + items * group * head_dim;
+    float *total_all = top_all + items * group;
+    const int64_t span_len = (longest + spans - 1) / spans;
+    /* Each thread's score rows, allocated here so that no thread can fail alone
+     * (every thread must reach the merge loop's worksharing). */
+    float *scores_all = malloc(sizeof(float) * (size_t)(num_threads * group * span_len));
+    if (scores_all == NULL) {
+        free(scratch);
+        return 2;
+    }
+#pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(group * longest));
-        failed = scores == NULL;
+        float *scores = scores_all + (int64_t)omp_get_thread_num() * group * span_len;
 #pragma omp for schedule(static)
-        for (int64_t pair = 0; pair < num_seqs * num_kv_heads; ++pair) {
-            if (scores == NULL) continue;
+        for (int64_t item = 0; item < items; ++item) {
+            const int64_t pair = item / spans, span = item % spans;
             const int64_t b = pair / num_kv_heads, kvh = pair % num_kv_heads;
+            const int64_t len = seq_lens[b];
+            /* Spans cut each context in equal parts, so a short context's later
+             * spans may be empty (their max stays -inf and they weigh nothing). */
+            const int64_t per = (len + spans - 1) / spans;
+            const int64_t begin = span * per < len ? span * per : len;
+            const int64_t end = begin + per < len ? begin + per : len;
+            const Partial part = {acc_all + item * group * head_dim, top_all + item * group,
+                                  total_all + item * group};
+            if (begin == end) {
+                for (int64_t g = 0; g < group; ++g) part.top[g] = -INFINITY, part.total[g] = 0.0f;
+                for (int64_t i = 0; i < group * head_dim; ++i) part.acc[i] = 0.0f;
+                continue;
+            }
             const int32_t *table = block_tables + b * max_blocks;
 #ifdef __AVX512BF16__
-            if (!portable && decode_pair_fast(q, k_cache, v_cache, table, seq_lens[b], out, b, kvh,
+            if (!portable && decode_span_fast(q, k_cache, v_cache, table, begin, end, part, b, kvh,
                                               num_heads, num_kv_heads, head_dim, block_size,
                                               scale, scores))
                 continue;
 #endif
-            decode_pair(q, k_cache, v_cache, table, seq_lens[b], out, b, kvh, num_heads,
+            decode_span(q, k_cache, v_cache, table, begin, end, part, b, kvh, num_heads,
                         num_kv_heads, head_dim, block_size, scale, scores);
         }
-        free(scores);
+        /* The implicit barrier above: every span is done before any pair merges. */
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < pairs; ++pair) {
+            const int64_t first = pair * spans;
+            finish_pair(acc_all + first * group * head_dim, top_all + first * group,
+                        total_all + first * group, spans, group, head_dim,
+                        out + pair * group * head_dim);
+        }
     }
-    return failed ? 2 : 0;
+    free(scores_all);
+    free(scratch);
+    return 0;
 }
 
 /* Decode attention over a bfloat16 cache; see the top of this file for layouts. */
@@ -231,8 +337,8 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t
                       const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
                       uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                       int64_t head_dim, int64_t block_size, float scale, int num_threads,
-                      int portable) {
+                      int portable, int64_t spans) {
     return paged_decode(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out, num_seqs,
                         num_heads, num_kv_heads, head_dim, block_size, scale, num_threads,
-                        portable);
+                        portable, spans);
 }

@@ -19,6 +19,7 @@ _ARGTYPES = (
     + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]  # max_blocks, seq_lens, out
     + [ctypes.c_int64] * 5  # num_seqs, num_heads, num_kv_heads, head_dim, block_size
     + [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, num_threads, portable
+    + [ctypes.c_int64]  # spans per context (0: the kernel chooses)
 )
 
 
@@ -42,13 +43,17 @@ def paged_decode(
     *,
     max_seq_len: int | None = None,
     portable: bool = False,
+    spans: int = 0,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its cached context: `q [B, H, D]`,
     caches `[num_blocks, block_size, KVH, D]` (all bfloat16, on the CPU),
     `block_tables` int32 `[B, max_blocks]`, `seq_lens` int32 `[B]` (each at least 1
     and covered by its table; with `max_seq_len`, the longest, that is checked against
     the tables' width, the block ids themselves are trusted). Returns `[B, H, D]` bfloat16. `portable` skips the
-    AVX512-BF16 path where it was compiled in (for tests). Runs to completion once
+    AVX512-BF16 path where it was compiled in (for tests); `spans` > 0 cuts every
+    context into that many parts merged afterwards (for tests; 0 lets the kernel
+    cut contexts only when there are too few sequences to keep every thread busy).
+    Runs to completion once
     called: it holds no Python state and releases the GIL while it runs."""
     fn = _function()
     if fn is None:
@@ -88,6 +93,7 @@ def paged_decode(
         scale,
         torch.get_num_threads(),
         int(portable),
+        spans,
     )
     if status == 1:
         raise ValueError(
