@@ -1,6 +1,7 @@
 """Same-process A/B of runner variants on the default model, interleaved.
 
     .venv/bin/python benchmarks/runner_ab.py --batch 32 --variants git:HEAD,new [--threads 1]
+        [--quantization int4]
 
 A variant `git:REF` is the runner package as of that commit (read with `git
 show`); the others are named in VARIANTS (a patch active while the runner is
@@ -58,11 +59,11 @@ def import_runner_at(ref: str):
     return importlib.import_module(f"{name}.model_runner").TorchModelRunner
 
 
-def build_at(ref: str, dtype: str, batch: int, ctx: int):
+def build_at(ref: str, dtype: str, batch: int, ctx: int, **kwargs):
     loaded = load_model(None, dtype, progress=False)
     blocks = batch * (-(-ctx // 16)) + 8
     cls = import_runner_at(ref)
-    return cls.from_loaded(loaded, block_size=16, num_blocks=blocks), loaded
+    return cls.from_loaded(loaded, block_size=16, num_blocks=blocks, **kwargs), loaded
 
 
 # name -> (patch active while the runner is built, extra runner arguments)
@@ -92,7 +93,11 @@ def main() -> None:
     p.add_argument("--variants", default="git:HEAD,new")
     p.add_argument("--prefill-rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--quantization", default=None, help="int8 or int4 for every variant (git: ones too)"
+    )
     args = p.parse_args()
+    quantized = {"quantization": args.quantization} if args.quantization else {}
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.variants.split(",")
@@ -100,12 +105,12 @@ def main() -> None:
     decs = {}
     for name in names:
         if name.startswith("git:"):
-            runner, _ = build_at(name[4:], args.dtype, args.batch, ctx)
+            runner, _ = build_at(name[4:], args.dtype, args.batch, ctx, **quantized)
             decs[name] = Decoder(runner, args.batch, args.prompt, ctx)
             continue
         patch, kwargs = VARIANTS[name]
         with patch():
-            runner, _ = build(args.dtype, args.batch, ctx, **kwargs)
+            runner, _ = build(args.dtype, args.batch, ctx, **{**quantized, **kwargs})
         decs[name] = Decoder(runner, args.batch, args.prompt, ctx)
     prefill: dict[str, list[float]] = {n: [] for n in names}
     for rnd in range(args.prefill_rounds):
