@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
+from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from sluiceway.runner.kv_cache import KVCache
 from sluiceway.runner.linear import Linear
-from sluiceway.runner.native.layer_ops import layer_ops_for
+from sluiceway.runner.native.decode_one import OneTokenDecode
+from sluiceway.runner.native.layer_ops import NativeLayerOps, layer_ops_for
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -185,6 +187,10 @@ class LlamaModel:
         # RMSNorm, residual adds and SiLU-and-multiply: C kernels for bfloat16 on the
         # CPU (`native_ops` as in `layer_ops_for`), torch ops otherwise.
         self.ops = layer_ops_for(dtype, self.device, native_ops)
+        # Steps of one sequence and one token run every layer in one C call where
+        # the weights allow (`OneTokenDecode`); False keeps the Python layer loop.
+        self.fuse_one_token_steps = True
+        self._one_token: tuple[KVCache, OneTokenDecode | None] | None = None
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin `[T, 1, D]` in the model dtype, computed in float32 like
@@ -208,9 +214,22 @@ class LlamaModel:
         """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
         logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
         cos, sin = self.rope_tables(positions)
+        eps = self.shape.rms_norm_eps
+        hidden = F.embedding(input_ids, self.embed)
+        one_token = self._one_token_decode(attention, meta) if input_ids.shape[0] == 1 else None
+        if one_token is not None:
+            hidden = one_token.run(hidden, cos, sin, meta, eps)
+        else:
+            hidden = self._layers(hidden, cos, sin, attention, meta)
+        picked = hidden[logits_indices]
+        picked = self.ops.rms_norm(picked, self.final_norm, eps)
+        return self.lm_head(picked).to(torch.float32)
+
+    def _layers(self, hidden, cos, sin, attention, meta) -> torch.Tensor:
+        """Every decoder layer on the embeddings `hidden`: the residual stream after the
+        last one."""
         ops, eps, last = self.ops, self.shape.rms_norm_eps, len(self.layers) - 1
         # The residual stream: each add is fused with the RMSNorm that reads its result.
-        hidden = F.embedding(input_ids, self.embed)
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
             attended = self._attention(i, layer, x, cos, sin, attention, meta)
@@ -220,9 +239,26 @@ class LlamaModel:
                 hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[i + 1].input_norm, eps)
             else:
                 hidden = hidden + mlp
-        picked = hidden[logits_indices]
-        picked = ops.rms_norm(picked, self.final_norm, eps)
-        return self.lm_head(picked).to(torch.float32)
+        return hidden
+
+    def _one_token_decode(
+        self, attention: AttentionBackend, meta: AttentionMetadata
+    ) -> OneTokenDecode | None:
+        """The fused C step for a step of one sequence and one token, where this
+        model and backend have one (int4 weights with the native packing, native
+        layer ops and decode attention; built on first use per KV cache)."""
+        if not self.fuse_one_token_steps:
+            return None
+        cache = attention.kv_cache
+        if self._one_token is None or self._one_token[0] is not cache:
+            eligible = (
+                isinstance(self.ops, NativeLayerOps)
+                and isinstance(attention, TorchAttention)
+                and attention.native_decode
+            )
+            self._one_token = (cache, OneTokenDecode.build(self.shape, self.layers, cache, eligible))
+        fused = self._one_token[1]
+        return fused if fused is not None and fused.serves(cache, meta) else None
 
     def _attention(self, i, layer: LayerWeights, x, cos, sin, attention, meta) -> torch.Tensor:
         """Self-attention of layer `i` on its normalised input `x`."""

@@ -44,10 +44,10 @@ def _compiler() -> list[str]:
 
 
 def library_key(source: str) -> str:
-    """What a cached build depends on: the source text and the shared headers, the
-    compiler and its flags, and the CPU (`-march=native` output does not run
-    everywhere)."""
-    headers = "".join(p.read_text() for p in sorted(SOURCE_DIR.glob("*.h")))
+    """What a cached build depends on: the source text and every other source here
+    (headers, and the kernels `decode_one.c` compiles in), the compiler and its
+    flags, and the CPU (`-march=native` output does not run everywhere)."""
+    headers = "".join(p.read_text() for p in sorted(SOURCE_DIR.glob("*.[ch]")))
     digest = hashlib.sha256()
     for part in (source, headers, " ".join(_compiler() + list(CFLAGS)), _cpu_flags()):
         digest.update(part.encode())

@@ -1,0 +1,141 @@
+"""`OneTokenDecode`: a step of one sequence with one new token through every layer in
+one C call (see `decode_one.c`), for bfloat16 models with int4 weights packed for
+the native matrix-vector kernel, native layer ops and native decode attention. It
+computes exactly what the Python layer loop computes with those kernels."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from sluiceway.runner.native.library import bind
+
+if TYPE_CHECKING:
+    from sluiceway.runner.attention import AttentionMetadata
+    from sluiceway.runner.kv_cache import KVCache
+    from sluiceway.runner.linear import Linear
+    from sluiceway.runner.model import LayerWeights, ModelShape
+
+_P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_ARGTYPES = [_P, _P] + [_I] * 6 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N]
+_ERRORS = {
+    1: "shapes the native kernels do not take",
+    2: "out of memory",
+    3: "a KV-cache slot outside the cache",
+    4: "a context longer than its block table",
+}
+
+
+def _function():
+    return bind("decode_one", "decode_one_bf16", _ARGTYPES, _N)
+
+
+def _int4_native(linear: Linear) -> torch.Tensor | None:
+    """The native int4 packing of `linear`'s weight, if it has one."""
+    native = getattr(linear.quantized, "native", None)
+    return native if isinstance(native, torch.Tensor) else None
+
+
+def _ptr(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
+
+
+class OneTokenDecode:
+    """Built once per model and KV cache; `run` serves steps of exactly one sequence
+    with one new token."""
+
+    def __init__(self, fn, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache):
+        self._fn = fn
+        self._shape = shape
+        self._intermediate = layers[0].down.in_features
+        rows = []
+        for i, layer in enumerate(layers):
+            row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                row += [_ptr(_int4_native(linear)), _ptr(linear.bias)]
+            row += [_ptr(kv_cache.key_caches[i]), _ptr(kv_cache.value_caches[i])]
+            rows.append(row)
+        # Pointers into tensors the model and the cache hold for their lifetime.
+        self._layers = torch.tensor(rows, dtype=torch.int64)
+        self._num_slots = kv_cache.num_blocks * kv_cache.block_size
+        self._block_size = kv_cache.block_size
+        self._kv_cache = kv_cache
+
+    @classmethod
+    def build(
+        cls, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache, eligible: bool
+    ) -> OneTokenDecode | None:
+        """The fused step for this model and cache, or None unless every projection has
+        the native int4 packing, the norms, biases and caches are contiguous bfloat16
+        CPU tensors, the model's other kernels are the native ones (`eligible`) and the
+        library builds here."""
+        if not eligible or not layers:
+            return None
+        tensors: list[torch.Tensor] = []
+        for i, layer in enumerate(layers):
+            tensors += [layer.input_norm, layer.post_norm]
+            tensors += [kv_cache.key_caches[i], kv_cache.value_caches[i]]
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                if _int4_native(linear) is None:
+                    return None
+                if linear.bias is not None:
+                    tensors.append(linear.bias)
+        if not all(
+            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
+            for t in tensors
+        ):
+            return None
+        fn = _function()
+        return None if fn is None else cls(fn, shape, layers, kv_cache)
+
+    def serves(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
+        """Whether `run` takes this step: one sequence, one new token, this cache."""
+        return (
+            kv_cache is self._kv_cache
+            and meta.query_lens_host == (1,)
+            and meta.block_tables.dtype == torch.int32
+            and meta.block_tables.is_contiguous()
+            and meta.seq_lens.dtype == torch.int32
+            and meta.slot_mapping.dtype == torch.int64
+        )
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        signed_sin: torch.Tensor,
+        meta: AttentionMetadata,
+        eps: float,
+    ) -> torch.Tensor:
+        """Every layer for `hidden` (`[1, hidden_size]`, the token's embedding, updated
+        in place): returns it as the residual stream after the last layer, before the
+        final norm; this token's k/v are in the cache. Raises RuntimeError for what
+        the kernels refuse. Runs to completion once called and releases the GIL."""
+        s = self._shape
+        status = self._fn(
+            hidden.data_ptr(),
+            self._layers.data_ptr(),
+            s.num_layers,
+            s.hidden_size,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            self._intermediate,
+            cos.data_ptr(),
+            signed_sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            self._num_slots,
+            meta.block_tables.data_ptr(),
+            meta.block_tables.shape[1],
+            meta.seq_lens.data_ptr(),
+            self._block_size,
+            meta.scale,
+            eps,
+            torch.get_num_threads(),
+        )
+        if status:
+            raise RuntimeError(f"the one-token decode step failed: {_ERRORS.get(status, status)}")
+        return hidden

@@ -1,0 +1,109 @@
+"""The one-token decode step in C (`OneTokenDecode`) against the Python layer loop
+on the same kernels: the same logits bit for bit, with and without projection
+biases, and the steps it leaves to the loop."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from sluiceway.engine.batch import ScheduledChunk, StepBatch
+from sluiceway.runner.model_runner import TorchModelRunner
+from sluiceway.runner.native.decode_one import OneTokenDecode
+from sluiceway.runner.native.int4_matvec import int4_matvec_available
+
+from .conftest import GREEDY
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None or not int4_matvec_available(64),
+    reason="needs a C compiler and a CPU with AVX512-BF16",
+)
+
+
+def _runner(hf_model, *, fused: bool, quantization: str | None = "int4") -> TorchModelRunner:
+    runner = TorchModelRunner(
+        hf_model.config,
+        hf_model.state_dict(),
+        dtype=torch.bfloat16,
+        block_size=4,
+        num_blocks=32,
+        quantization=quantization,
+    )
+    runner.model.fuse_one_token_steps = fused
+    return runner
+
+
+def _chunk(seq_id: int, tokens: list[int], start: int, table: list[int]) -> ScheduledChunk:
+    return ScheduledChunk(
+        seq_id=seq_id,
+        token_ids=tokens[start:],
+        start_pos=start,
+        block_table=table,
+        sample=True,
+        params=GREEDY,
+    )
+
+
+def _decode_logits(runner: TorchModelRunner, prompt: list[int], steps: int, calls: list[int]):
+    """Logits of a prefill and `steps` one-token steps of one sequence; counts the
+    fused steps into `calls`."""
+    fused = runner.model._one_token_decode
+
+    def counting(attention, meta):
+        found = fused(attention, meta)
+        calls.append(found is not None)
+        return found
+
+    runner.model._one_token_decode = counting  # type: ignore[method-assign]
+    tokens, table, out = list(prompt), [3, 9, 1, 14, 6, 20], []
+    start = 0
+    for _ in range(steps + 1):
+        logits = runner.forward_logits(StepBatch(chunks=(_chunk(0, tokens, start, table),)))
+        out.append(logits)
+        start = len(tokens)
+        tokens.append(int(logits[0].argmax()))
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # qwen2: q/k/v biases
+def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, request):
+    hf_model = request.getfixturevalue(model)
+    prompt = [5, 17, 99, 4, 203, 76, 31]
+    used: dict[bool, list[int]] = {False: [], True: []}
+    logits = {
+        fused: _decode_logits(_runner(hf_model, fused=fused), prompt, 12, used[fused])
+        for fused in (False, True)
+    }
+    # The prefill runs the loop either way; every one-token step after it is fused.
+    assert used[True] == [True] * 12 and not any(used[False])
+    for python_loop, fused in zip(logits[False], logits[True], strict=True):
+        assert torch.equal(python_loop, fused)
+
+
+def test_steps_of_several_tokens_or_sequences_keep_the_loop(tiny_llama, monkeypatch):
+    calls = []
+    original = OneTokenDecode.run
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(OneTokenDecode, "run", counting)
+    runner = _runner(tiny_llama, fused=True)
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
+    runner.forward_logits(StepBatch(chunks=(_chunk(1, [8, 9], 0, [3, 4]),)))
+    two = StepBatch(chunks=(_chunk(0, [5, 6, 7, 10], 3, [1, 2]), _chunk(1, [8, 9, 11], 2, [3, 4])))
+    runner.forward_logits(two)
+    assert calls == []
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 10, 12], 4, [1, 2]),)))
+    assert calls == [1]
+
+
+def test_models_without_native_int4_weights_have_no_fused_step(tiny_llama):
+    for quantization in (None, "int8"):
+        runner = _runner(tiny_llama, fused=True, quantization=quantization)
+        runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
+        runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
+        assert runner.model._one_token is not None and runner.model._one_token[1] is None
