@@ -12,7 +12,7 @@ import torch
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.native.decode_one import OneTokenDecode
-from sluiceway.runner.native.int4_matvec import int4_matvec_available
+from sluiceway.runner.native.quantized_matvec import int4_matvec_available
 
 from .conftest import GREEDY
 

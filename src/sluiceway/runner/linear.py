@@ -29,7 +29,12 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from sluiceway.runner.native.int4_matvec import int4_matvec, int4_matvec_available, pack_int4
+from sluiceway.runner.native.quantized_matvec import (
+    int4_matvec,
+    int4_matvec_available,
+    int8_matvec,
+    pack_int4,
+)
 
 QUANTIZATIONS = (None, "int8", "int4")
 INT4_GROUP_SIZE = 32
@@ -76,6 +81,11 @@ class Int8Weight:
         return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            # One row (decode at batch 1): the native kernel where it takes it.
+            y = int8_matvec(x, self.q, self.scales)
+            if y is not None:
+                return y
         return torch._weight_int8pack_mm(x, self.q, self.scales)
 
 
@@ -88,7 +98,7 @@ class Int4Weight:
     Packed for `torch.ops.aten._weight_int4pack_mm_for_cpu` (`packed` with
     `scales_and_offsets`) and, for bfloat16 where the native `int4_matvec` is
     available, in its layout as well (`native`): it serves calls of one row (1.07x
-    faster whole batch-1 steps, see `native/int4_matvec.c`), torch's kernel the rest.
+    faster whole batch-1 steps, see `native/quantized_matvec.c`), torch's kernel the rest.
     Both compute with the same weight values."""
 
     packed: torch.Tensor  # uint8, torch's layout

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "int4_matvec.c"
+#include "quantized_matvec.c"
 #include "layer_ops.c"
 #include "paged_decode.c"
 

@@ -1,5 +1,5 @@
-"""The native int4 matrix-vector kernel against the dequantized weight it packs and
-against torch's int4 kernel, and where it steps aside."""
+"""The native int4 and int8 matrix-vector kernels against the dequantized weights
+they read and against torch's kernels, and where they step aside."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ import shutil
 import pytest
 import torch
 
-from sluiceway.runner.linear import Int4Weight, Linear
-from sluiceway.runner.native.int4_matvec import int4_matvec, int4_matvec_available, pack_int4
+from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
+from sluiceway.runner.native.quantized_matvec import (
+    int4_matvec,
+    int4_matvec_available,
+    int8_matvec,
+    pack_int4,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None or not int4_matvec_available(64),
@@ -71,3 +76,42 @@ def test_what_it_does_not_take_is_left_to_the_caller():
     assert not int4_matvec_available(96)
     # float32 models keep torch's kernel alone.
     assert Int4Weight.quantize(torch.randn(16, 64))[0].native is None
+
+
+# 37 rows: tails of rows taken one at a time; 96 inputs: not a multiple of 64.
+@pytest.mark.parametrize(("out_features", "in_features"), [(37, 96), (128, 576), (40, 1536)])
+def test_int8_matvec_is_the_product_with_the_dequantized_weight(out_features, in_features):
+    gen = torch.Generator().manual_seed(out_features)
+    q = torch.randint(-127, 128, (out_features, in_features), generator=gen).to(torch.int8)
+    q[0] = -127  # the extremes of both nibbles
+    q[1] = 127
+    scales = (torch.rand(out_features, generator=gen) * 0.01 + 1e-4).to(torch.bfloat16)
+    x = torch.randn(1, in_features, generator=gen).to(torch.bfloat16)
+    got = int8_matvec(x, q, scales)
+    assert got is not None and got.dtype is torch.bfloat16 and got.shape == (1, out_features)
+    want = x.float() @ (q.float() * scales.float()[:, None]).T
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-4)
+    by_torch = torch._weight_int8pack_mm(x, q, scales)
+    torch.testing.assert_close(got.float(), by_torch.float(), rtol=2**-7, atol=1e-4)
+
+
+def test_int8_linear_uses_it_for_one_row_and_leaves_the_rest_to_torch():
+    gen = torch.Generator().manual_seed(6)
+    weight = (torch.randn(64, 96, generator=gen) * 0.05).to(torch.bfloat16)
+    layer = Linear(weight, quantization="int8")
+    quantized = layer.quantized
+    assert isinstance(quantized, Int8Weight)
+    x = torch.randn(1, 96, generator=gen).to(torch.bfloat16)
+    one = layer(x)
+    assert torch.equal(one, int8_matvec(x, quantized.q, quantized.scales))
+    pair = layer(torch.cat([x, x]))
+    torch.testing.assert_close(pair[1:].float(), one.float(), rtol=2**-7, atol=1e-4)
+    # What the kernel does not take: two rows, float32, a width that is not whole
+    # groups of 32, int8 scales of another dtype.
+    assert int8_matvec(torch.cat([x, x]), quantized.q, quantized.scales) is None
+    assert int8_matvec(x.float(), quantized.q, quantized.scales) is None
+    narrow = torch.zeros(4, 40, dtype=torch.int8)
+    assert int8_matvec(torch.zeros(1, 40, dtype=torch.bfloat16), narrow, quantized.scales[:4]) is None
+    assert int8_matvec(x, quantized.q, quantized.scales.float()) is None
+    with pytest.raises(ValueError, match="disagree"):
+        int8_matvec(x, quantized.q, quantized.scales[:5])

@@ -1,5 +1,5 @@
-/* Weight-only int4 matrix-vector product for one row of bfloat16 activations, with
- * AVX512-BF16: y[o] = sum_i x[i] * w[o, i].
+/* Weight-only int4 and int8 matrix-vector products for one row of bfloat16
+ * activations, with AVX512-BF16: y[o] = sum_i x[i] * w[o, i].
  *
  * A decode step at batch 1 streams every weight once for one row of activations, so
  * it runs at memory speed or not at all: 32 weights become 32 bfloat16s in three
@@ -35,7 +35,7 @@
 #define ROWS_TOGETHER 4
 #define PREFETCH_ROWS 16
 
-int int4_matvec_available(void) {
+int quantized_matvec_available(void) {
 #ifdef __AVX512BF16__
     return 1;
 #else
@@ -132,6 +132,74 @@ int int4_matvec_bf16(const uint16_t *x, int64_t in, const uint8_t *w, int64_t ou
         for (; o < end; ++o) int4_rows(x, sums, in, w + o * stride, stride, y + o, 1);
     }
     free(sums);
+    return 0;
+#endif
+}
+
+/* int8, one scale per output row (`Int8Weight`): w[o, i] = q[o, i] * scale[o], q a
+ * plain row-major int8 [out, in] matrix (torch's _weight_int8pack_mm reads the same
+ * one, so nothing is stored twice). A byte q = 16 * h + l with l = q & 15 and h its
+ * signed upper nibble, so the same one-lookup nibble-to-bfloat16 conversion serves:
+ * y[o] = scale[o] * (16 * sum h * x + sum l * x), products exact in float32. */
+#ifdef __AVX512BF16__
+static inline __attribute__((always_inline)) void int8_rows(const uint16_t *x, int64_t in,
+                                                            const int8_t *q,
+                                                            const uint16_t *scales, uint16_t *y,
+                                                            const int n) {
+    /* bfloat16 of l for l = 0..15, and of the signed upper nibble (0..7, then -8..-1). */
+    const __m512i low_table = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130,
+        0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000);
+    const __m512i high_table = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (short)0xbf80, (short)0xc000,
+        (short)0xc040, (short)0xc080, (short)0xc0a0, (short)0xc0c0, (short)0xc0e0, (short)0xc100,
+        0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000);
+    const __m512i low4 = _mm512_set1_epi16(0x0f);
+    __m512 high[ROWS_TOGETHER], low[ROWS_TOGETHER];
+    for (int r = 0; r < n; ++r) high[r] = low[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in; i += 32) {
+        const __m512bh xs = (__m512bh)_mm512_loadu_si512(x + i);
+        for (int r = 0; r < n; ++r) {
+            const __m512i bytes =
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(q + r * in + i)));
+            low[r] = _mm512_dpbf16_ps(
+                low[r], (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, low4), low_table),
+                xs);
+            high[r] = _mm512_dpbf16_ps(
+                high[r], (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), high_table),
+                xs);
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+        const float dot = 16.0f * _mm512_reduce_add_ps(high[r]) + _mm512_reduce_add_ps(low[r]);
+        y[r] = float_to_bf16(dot * bf16_to_float(scales[r]));
+    }
+}
+#endif
+
+/* Returns 0, or 1 when this build or these shapes are not served (no AVX512-BF16,
+ * `in` not a positive multiple of 32). `q` is [out, in], `scales` [out] bfloat16. */
+int int8_matvec_bf16(const uint16_t *x, int64_t in, const int8_t *q, const uint16_t *scales,
+                     int64_t out, uint16_t *y, int num_threads) {
+#ifndef __AVX512BF16__
+    (void)x, (void)in, (void)q, (void)scales, (void)out, (void)y, (void)num_threads;
+    return 1;
+#else
+    if (in % 32 || in < 32) return 1;
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t begin = out * me / threads, end = out * (me + 1) / threads;
+        int64_t o = begin;
+        for (; o + ROWS_TOGETHER <= end; o += ROWS_TOGETHER) {
+            if (o + PREFETCH_ROWS + ROWS_TOGETHER <= end) {
+                const int8_t *ahead = q + (o + PREFETCH_ROWS) * in;
+                for (int64_t b = 0; b < ROWS_TOGETHER * in; b += 64) __builtin_prefetch(ahead + b);
+            }
+            int8_rows(x, in, q + o * in, scales + o, y + o, ROWS_TOGETHER);
+        }
+        for (; o < end; ++o) int8_rows(x, in, q + o * in, scales + o, y + o, 1);
+    }
     return 0;
 #endif
 }
