@@ -53,6 +53,16 @@ static inline void softmax_rows(float *scores, int64_t len, int64_t group, const
     }
 }
 
+/* The run of context positions t .. t + n - 1 that share one cache block (it stops
+ * at the block's end or at `end`): returns n and sets `*slot` to position t's slot. */
+static inline __attribute__((always_inline)) int64_t block_run(const int32_t *table, int64_t t,
+                                                               int64_t end, int64_t block_size,
+                                                               int64_t *slot) {
+    const int64_t in_block = t % block_size;
+    *slot = (int64_t)table[t / block_size] * block_size + in_block;
+    return block_size - in_block < end - t ? block_size - in_block : end - t;
+}
+
 /* One item's share of a pair's attention: the partial results of the query heads
  * that share KV head `kvh` over context positions `begin .. end - 1` of sequence `b`:
  * per head g, top[g] = the highest score, total[g] = sum of exp(score - top[g]) and
@@ -81,11 +91,9 @@ static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
         part.top[g] = -INFINITY;
     }
     /* Scores, a block's run of slots at a time (no division per token). */
-    for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % block_size;
-        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
-        const uint16_t *key = k_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
-                                            row_stride + kvh * head_dim;
+    for (int64_t t = begin, n, slot; t < end; t += n) {
+        n = block_run(table, t, end, block_size, &slot);
+        const uint16_t *key = k_cache + slot * row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, key += row_stride) {
             for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(key[d]);
             for (int64_t g = 0; g < group; ++g) {
@@ -96,14 +104,11 @@ static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
                 part.top[g] = dot > part.top[g] ? dot : part.top[g];
             }
         }
-        t += n;
     }
     softmax_rows(scores, len, group, part.top, part.total);
-    for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % block_size;
-        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
-        const uint16_t *value = v_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
-                                              row_stride + kvh * head_dim;
+    for (int64_t t = begin, n, slot; t < end; t += n) {
+        n = block_run(table, t, end, block_size, &slot);
+        const uint16_t *value = v_cache + slot * row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, value += row_stride) {
             for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(value[d]);
             for (int64_t g = 0; g < group; ++g) {
@@ -113,7 +118,6 @@ static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
                 for (int64_t d = 0; d < head_dim; ++d) acc[d] += w * row[d];
             }
         }
-        t += n;
     }
 }
 
@@ -149,10 +153,8 @@ static inline __attribute__((always_inline)) void decode_span_avx512(
         for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
         part.top[g] = -INFINITY;
     }
-    for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % block_size;
-        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
-        const int64_t slot = (int64_t)table[t / block_size] * block_size + in_block;
+    for (int64_t t = begin, n, slot; t < end; t += n) {
+        n = block_run(table, t, end, block_size, &slot);
         const uint16_t *key = k_cache + slot * row_stride + kvh * head_dim;
         /* This run's values (read in the second pass) and the next run's keys. */
         prefetch_rows(v_cache + slot * row_stride + kvh * head_dim, n, row_stride, head_dim);
@@ -173,14 +175,11 @@ static inline __attribute__((always_inline)) void decode_span_avx512(
                 part.top[g] = dot > part.top[g] ? dot : part.top[g];
             }
         }
-        t += n;
     }
     softmax_rows(scores, len, G, part.top, part.total);
-    for (int64_t t = begin; t < end;) {
-        const int64_t in_block = t % block_size;
-        const int64_t n = block_size - in_block < end - t ? block_size - in_block : end - t;
-        const uint16_t *value = v_cache + ((int64_t)table[t / block_size] * block_size + in_block) *
-                                              row_stride + kvh * head_dim;
+    for (int64_t t = begin, n, slot; t < end; t += n) {
+        n = block_run(table, t, end, block_size, &slot);
+        const uint16_t *value = v_cache + slot * row_stride + kvh * head_dim;
         for (int64_t i = 0; i < n; ++i, value += row_stride) {
             __m512 v[C];
             for (int c = 0; c < C; ++c)
@@ -192,7 +191,6 @@ static inline __attribute__((always_inline)) void decode_span_avx512(
                 for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
             }
         }
-        t += n;
     }
     for (int g = 0; g < G; ++g)
         for (int c = 0; c < C; ++c) _mm512_storeu_ps(part.acc + g * head_dim + 16 * c, acc[g][c]);
