@@ -1,6 +1,6 @@
 """The one-token decode step in C (`OneTokenDecode`) against the Python layer loop
-on the same kernels: the same logits bit for bit, with and without projection
-biases, and the steps it leaves to the loop."""
+on the same kernels: the same logits bit for bit, int4 and int8, with and without
+projection biases, and the steps it leaves to the loop."""
 
 from __future__ import annotations
 
@@ -67,13 +67,16 @@ def _decode_logits(runner: TorchModelRunner, prompt: list[int], steps: int, call
     return out
 
 
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # qwen2: q/k/v biases
-def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, request):
+def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, quantization, request):
     hf_model = request.getfixturevalue(model)
     prompt = [5, 17, 99, 4, 203, 76, 31]
     used: dict[bool, list[int]] = {False: [], True: []}
     logits = {
-        fused: _decode_logits(_runner(hf_model, fused=fused), prompt, 12, used[fused])
+        fused: _decode_logits(
+            _runner(hf_model, fused=fused, quantization=quantization), prompt, 12, used[fused]
+        )
         for fused in (False, True)
     }
     # The prefill runs the loop either way; every one-token step after it is fused.
@@ -101,9 +104,8 @@ def test_steps_of_several_tokens_or_sequences_keep_the_loop(tiny_llama, monkeypa
     assert calls == [1]
 
 
-def test_models_without_native_int4_weights_have_no_fused_step(tiny_llama):
-    for quantization in (None, "int8"):
-        runner = _runner(tiny_llama, fused=True, quantization=quantization)
-        runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
-        runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
-        assert runner.model._one_token is not None and runner.model._one_token[1] is None
+def test_models_without_quantized_weights_have_no_fused_step(tiny_llama):
+    runner = _runner(tiny_llama, fused=True, quantization=None)
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
+    assert runner.model._one_token is not None and runner.model._one_token[1] is None

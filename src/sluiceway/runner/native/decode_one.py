@@ -1,7 +1,8 @@
 """`OneTokenDecode`: a step of one sequence with one new token through every layer in
-one C call (see `decode_one.c`), for bfloat16 models with int4 weights packed for
-the native matrix-vector kernel, native layer ops and native decode attention. It
-computes exactly what the Python layer loop computes with those kernels."""
+one C call (see `decode_one.c`), for bfloat16 models whose projections are all int4
+(packed for the native matrix-vector kernel) or all int8, with native layer ops and
+native decode attention. It computes exactly what the Python layer loop computes
+with those kernels."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native.library import bind
 
 if TYPE_CHECKING:
     from sluiceway.runner.attention import AttentionMetadata
     from sluiceway.runner.kv_cache import KVCache
-    from sluiceway.runner.linear import Linear
     from sluiceway.runner.model import LayerWeights, ModelShape
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_ARGTYPES = [_P, _P] + [_I] * 6 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N]
+_ARGTYPES = [_P, _P, _I, _N] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N]
 _ERRORS = {
     1: "shapes the native kernels do not take",
     2: "out of memory",
@@ -33,10 +34,21 @@ def _function():
     return bind("decode_one", "decode_one_bf16", _ARGTYPES, _N)
 
 
-def _int4_native(linear: Linear) -> torch.Tensor | None:
-    """The native int4 packing of `linear`'s weight, if it has one."""
-    native = getattr(linear.quantized, "native", None)
-    return native if isinstance(native, torch.Tensor) else None
+def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
+    """`(bits, weight, int8 row scales or None)` of a projection the C step takes:
+    int4 with the native packing, or int8 with bfloat16 scales over whole groups of
+    32 inputs; None for anything else."""
+    quantized = linear.quantized
+    if isinstance(quantized, Int4Weight) and quantized.native is not None:
+        return 4, quantized.native, None
+    if (
+        isinstance(quantized, Int8Weight)
+        and quantized.scales.dtype == torch.bfloat16
+        and linear.in_features % 32 == 0
+        and quantized.q.is_contiguous()
+    ):
+        return 8, quantized.q, quantized.scales
+    return None
 
 
 def _ptr(tensor: torch.Tensor | None) -> int:
@@ -47,15 +59,26 @@ class OneTokenDecode:
     """Built once per model and KV cache; `run` serves steps of exactly one sequence
     with one new token."""
 
-    def __init__(self, fn, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache):
+    def __init__(
+        self,
+        fn,
+        shape: ModelShape,
+        layers: Sequence[LayerWeights],
+        kv_cache: KVCache,
+        bits: int,
+    ):
         self._fn = fn
         self._shape = shape
+        self._bits = bits
         self._intermediate = layers[0].down.in_features
         rows = []
         for i, layer in enumerate(layers):
             row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                row += [_ptr(_int4_native(linear)), _ptr(linear.bias)]
+                projection = _projection(linear)
+                assert projection is not None
+                _, weight, scales = projection
+                row += [_ptr(weight), _ptr(scales), _ptr(linear.bias)]
             row += [_ptr(kv_cache.key_caches[i]), _ptr(kv_cache.value_caches[i])]
             rows.append(row)
         # Pointers into tensors the model and the cache hold for their lifetime.
@@ -68,28 +91,31 @@ class OneTokenDecode:
     def build(
         cls, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache, eligible: bool
     ) -> OneTokenDecode | None:
-        """The fused step for this model and cache, or None unless every projection has
-        the native int4 packing, the norms, biases and caches are contiguous bfloat16
-        CPU tensors, the model's other kernels are the native ones (`eligible`) and the
-        library builds here."""
+        """The fused step for this model and cache, or None unless every projection is
+        int4 with the native packing or every one int8 (see `_projection`), the norms,
+        biases and caches are contiguous bfloat16 CPU tensors, the model's other
+        kernels are the native ones (`eligible`) and the library builds here."""
         if not eligible or not layers:
             return None
         tensors: list[torch.Tensor] = []
+        kinds = set()
         for i, layer in enumerate(layers):
             tensors += [layer.input_norm, layer.post_norm]
             tensors += [kv_cache.key_caches[i], kv_cache.value_caches[i]]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                if _int4_native(linear) is None:
+                projection = _projection(linear)
+                if projection is None:
                     return None
+                kinds.add(projection[0])
                 if linear.bias is not None:
                     tensors.append(linear.bias)
-        if not all(
+        if len(kinds) != 1 or not all(
             t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
             for t in tensors
         ):
             return None
         fn = _function()
-        return None if fn is None else cls(fn, shape, layers, kv_cache)
+        return None if fn is None else cls(fn, shape, layers, kv_cache, kinds.pop())
 
     def serves(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
         """Whether `run` takes this step: one sequence, one new token, this cache."""
@@ -119,6 +145,7 @@ class OneTokenDecode:
             hidden.data_ptr(),
             self._layers.data_ptr(),
             s.num_layers,
+            self._bits,
             s.hidden_size,
             s.num_heads,
             s.num_kv_heads,
