@@ -109,3 +109,18 @@ def test_models_without_quantized_weights_have_no_fused_step(tiny_llama):
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
     assert runner.model._one_token is not None and runner.model._one_token[1] is None
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_no_fused_step_where_the_matvec_kernels_are_missing(tiny_llama, quantization, monkeypatch):
+    """A CPU without AVX512-BF16 builds the other kernels but not the quantized
+    matrix-vector ones: the layer loop must serve its one-token steps."""
+    from sluiceway.runner import linear
+    from sluiceway.runner.native import decode_one
+
+    monkeypatch.setattr(linear, "int4_matvec_available", lambda in_features: False)
+    monkeypatch.setattr(decode_one, "int8_matvec_available", lambda in_features: False)
+    runner = _runner(tiny_llama, fused=True, quantization=quantization)
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
+    runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
+    assert runner.model._one_token is not None and runner.model._one_token[1] is None

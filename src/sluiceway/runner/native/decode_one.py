@@ -14,6 +14,7 @@ import torch
 
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native.library import bind
+from sluiceway.runner.native.quantized_matvec import int8_matvec_available
 
 if TYPE_CHECKING:
     from sluiceway.runner.attention import AttentionMetadata
@@ -44,8 +45,8 @@ def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None]
     if (
         isinstance(quantized, Int8Weight)
         and quantized.scales.dtype == torch.bfloat16
-        and linear.in_features % 32 == 0
         and quantized.q.is_contiguous()
+        and int8_matvec_available(linear.in_features)
     ):
         return 8, quantized.q, quantized.scales
     return None

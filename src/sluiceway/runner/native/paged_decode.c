@@ -265,6 +265,9 @@ static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16
     if (num_kv_heads < 1 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > MAX_GROUP)
         return 1;
+#ifndef __AVX512BF16__
+    (void)portable; /* there is only the portable path */
+#endif
     const int64_t group = num_heads / num_kv_heads;
     const int64_t pairs = num_seqs * num_kv_heads;
     int64_t longest = 1;

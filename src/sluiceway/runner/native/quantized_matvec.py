@@ -50,6 +50,12 @@ def int4_matvec_available(in_features: int) -> bool:
     return in_features % 64 == 0 and _lib() is not None
 
 
+def int8_matvec_available(in_features: int) -> bool:
+    """Whether `int8_matvec` serves weights with `in_features` inputs here: built with
+    AVX512-BF16 (compiled on first call) and `in_features` a multiple of 32."""
+    return in_features % 32 == 0 and _lib() is not None
+
+
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The kernel's layout, `uint8 [out, in / 2 + 4 * (in / 32)]`, of the weight
     `(q - 8) * scales + offsets`: `q` integers 0..15 `[out, in]`, `scales` and
