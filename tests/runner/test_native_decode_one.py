@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import attrs
 import pytest
 import torch
 
@@ -124,3 +125,18 @@ def test_no_fused_step_where_the_matvec_kernels_are_missing(tiny_llama, quantiza
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
     assert runner.model._one_token is not None and runner.model._one_token[1] is None
+
+
+def test_heads_the_kernels_do_not_take_keep_the_loop(tiny_llama):
+    from sluiceway.runner.native.decode_one import _kernels_take
+
+    runner = _runner(tiny_llama, fused=True)
+    shape = runner.model.shape
+    assert _kernels_take(shape)
+    assert not _kernels_take(attrs.evolve(shape, head_dim=288))
+    assert not _kernels_take(attrs.evolve(shape, num_heads=34, num_kv_heads=2))  # 17 per KV head
+    assert not _kernels_take(attrs.evolve(shape, num_heads=6, num_kv_heads=4))
+    wide = attrs.evolve(shape, head_dim=288)
+    layers, cache = runner.model.layers, runner.kv_cache
+    assert OneTokenDecode.build(wide, layers, cache, eligible=True) is None
+    assert OneTokenDecode.build(shape, layers, cache, eligible=True) is not None

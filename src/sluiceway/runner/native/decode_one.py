@@ -52,6 +52,13 @@ def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None]
     return None
 
 
+def _kernels_take(shape: ModelShape) -> bool:
+    """Whether the RoPE and decode-attention kernels take these heads (the limits
+    in `layer_ops.c` and `paged_decode.c`)."""
+    heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
+    return dim <= 256 and dim % 2 == 0 and heads % kv_heads == 0 and heads // kv_heads <= 16
+
+
 def _ptr(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
@@ -92,11 +99,12 @@ class OneTokenDecode:
     def build(
         cls, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache, eligible: bool
     ) -> OneTokenDecode | None:
-        """The fused step for this model and cache, or None unless every projection is
-        int4 with the native packing or every one int8 (see `_projection`), the norms,
-        biases and caches are contiguous bfloat16 CPU tensors, the model's other
-        kernels are the native ones (`eligible`) and the library builds here."""
-        if not eligible or not layers:
+        """The fused step for this model and cache, or None unless the kernels take its
+        heads, every projection is int4 with the native packing or every one int8
+        (see `_projection`), the norms, biases and caches are contiguous bfloat16 CPU
+        tensors, the model's other kernels are the native ones (`eligible`) and the
+        library builds here."""
+        if not eligible or not layers or not _kernels_take(shape):
             return None
         tensors: list[torch.Tensor] = []
         kinds = set()
