@@ -201,3 +201,22 @@ def test_a_built_library_is_reused(fresh_library, monkeypatch):
 
     monkeypatch.setattr(library.subprocess, "run", no_compiler)
     assert library.compile_library("paged_decode") == first
+
+
+def test_heads_beyond_the_kernel_fall_back_to_sdpa_for_good():
+    """17 query heads on one KV head: more than the kernel takes. The backend
+    switches to SDPA (and stays there) instead of failing the step."""
+    seq_lens = [21, 6]
+    _, key_cache, value_cache, tables, _ = _case(17, 1, 64, seq_lens, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 17, 64, generator=gen).to(torch.bfloat16)
+    k = torch.randn(2, 1, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(2, 1, 64, generator=gen).to(torch.bfloat16)
+    outs = {}
+    for native in (True, False):
+        cache = KVCache([key_cache.clone()], [value_cache.clone()], block_size=16)
+        attention = TorchAttention(cache, native_decode=native)
+        meta = attention.prepare(_decode_meta(tables, seq_lens, [1, 1], 16))
+        outs[native] = attention.forward(0, q, k, v, meta)
+        assert attention.native_decode is False
+    assert torch.equal(outs[True], outs[False])

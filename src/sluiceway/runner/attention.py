@@ -16,7 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.native.paged_decode import native_decode_available, paged_decode
+from sluiceway.runner.native.paged_decode import (
+    native_decode_available,
+    native_decode_takes,
+    paged_decode,
+)
 
 
 @attrs.frozen
@@ -158,6 +162,7 @@ class TorchAttention:
         if native_decode and not available:
             raise ValueError("the native decode kernel is not available for this cache")
         self.native_decode = available if native_decode is None else native_decode
+        self._native_heads = 0  # the query head count the kernel was found to take
 
     def prepare(self, meta: AttentionMetadata) -> AttentionMetadata:
         fresh, fresh_seqs = _plan_fresh_prefills(meta)
@@ -237,6 +242,17 @@ class TorchAttention:
             self.kv_cache.write(layer, meta.slot_mapping, k, v)
         k_flat, v_flat = self.kv_cache.flat_views(layer)
         plan = meta.plan if meta.plan is not None else self.prepare(meta).plan
+        if (
+            plan.decode is not None
+            and plan.decode.blocks is None
+            and q.shape[1] != self._native_heads
+        ):
+            # The kernel's limits on heads can be checked only now, from q (once).
+            if native_decode_takes(q.shape[1], k_flat.shape[1], k_flat.shape[2]):
+                self._native_heads = q.shape[1]
+            else:  # SDPA for this step and every later one
+                self.native_decode = False
+                plan = self.prepare(meta).plan
         if plan.decode is not None and plan.decode.rows is None:
             return self._decode(q, layer, plan.decode, meta.scale)
         if len(plan.fresh) == 1 and plan.fresh[0].count * plan.fresh[0].length == q.shape[0]:

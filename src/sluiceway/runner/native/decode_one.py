@@ -14,6 +14,7 @@ import torch
 
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native.library import bind
+from sluiceway.runner.native.paged_decode import native_decode_takes
 from sluiceway.runner.native.quantized_matvec import int8_matvec_available
 
 if TYPE_CHECKING:
@@ -55,8 +56,8 @@ def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None]
 def _kernels_take(shape: ModelShape) -> bool:
     """Whether the RoPE and decode-attention kernels take these heads (the limits
     in `layer_ops.c` and `paged_decode.c`)."""
-    heads, kv_heads, dim = shape.num_heads, shape.num_kv_heads, shape.head_dim
-    return dim <= 256 and dim % 2 == 0 and heads % kv_heads == 0 and heads // kv_heads <= 16
+    dim = shape.head_dim
+    return dim % 2 == 0 and native_decode_takes(shape.num_heads, shape.num_kv_heads, dim)
 
 
 def _ptr(tensor: torch.Tensor | None) -> int:

@@ -33,6 +33,17 @@ def native_decode_available(cache_dtype: torch.dtype, device: torch.device) -> b
     return cache_dtype == torch.bfloat16 and device.type == "cpu" and _function() is not None
 
 
+def native_decode_takes(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel takes these heads: at most 16 query heads per KV head and a
+    head_dim of at most 256 (MAX_GROUP and MAX_HEAD_DIM in `paged_decode.c`)."""
+    return (
+        num_kv_heads >= 1
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads <= 16
+        and head_dim <= 256
+    )
+
+
 def paged_decode(
     q: torch.Tensor,
     key_cache: torch.Tensor,
