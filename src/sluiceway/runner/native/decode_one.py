@@ -72,26 +72,18 @@ class OneTokenDecode:
         self,
         fn,
         shape: ModelShape,
-        layers: Sequence[LayerWeights],
+        pointers: list[list[int]],
+        intermediate: int,
         kv_cache: KVCache,
         bits: int,
     ):
+        """Use `build`: it checks what the C step takes and lays out `pointers`."""
         self._fn = fn
         self._shape = shape
         self._bits = bits
-        self._intermediate = layers[0].down.in_features
-        rows = []
-        for i, layer in enumerate(layers):
-            row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
-            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                projection = _projection(linear)
-                assert projection is not None
-                _, weight, scales = projection
-                row += [_ptr(weight), _ptr(scales), _ptr(linear.bias)]
-            row += [_ptr(kv_cache.key_caches[i]), _ptr(kv_cache.value_caches[i])]
-            rows.append(row)
+        self._intermediate = intermediate
         # Pointers into tensors the model and the cache hold for their lifetime.
-        self._layers = torch.tensor(rows, dtype=torch.int64)
+        self._layers = torch.tensor(pointers, dtype=torch.int64)
         self._num_slots = kv_cache.num_blocks * kv_cache.block_size
         self._block_size = kv_cache.block_size
         self._kv_cache = kv_cache
@@ -109,23 +101,33 @@ class OneTokenDecode:
             return None
         tensors: list[torch.Tensor] = []
         kinds = set()
+        pointers = []  # one row per layer, in decode_one.c's order
         for i, layer in enumerate(layers):
+            row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
             tensors += [layer.input_norm, layer.post_norm]
-            tensors += [kv_cache.key_caches[i], kv_cache.value_caches[i]]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 projection = _projection(linear)
                 if projection is None:
                     return None
-                kinds.add(projection[0])
+                bits, weight, scales = projection
+                kinds.add(bits)
+                row += [_ptr(weight), _ptr(scales), _ptr(linear.bias)]
                 if linear.bias is not None:
                     tensors.append(linear.bias)
+            caches = [kv_cache.key_caches[i], kv_cache.value_caches[i]]
+            row += [_ptr(cache) for cache in caches]
+            tensors += caches
+            pointers.append(row)
         if len(kinds) != 1 or not all(
             t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
             for t in tensors
         ):
             return None
         fn = _function()
-        return None if fn is None else cls(fn, shape, layers, kv_cache, kinds.pop())
+        if fn is None:
+            return None
+        intermediate = layers[0].down.in_features
+        return cls(fn, shape, pointers, intermediate, kv_cache, kinds.pop())
 
     def serves(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
         """Whether `run` takes this step: one sequence, one new token, this cache."""
