@@ -25,6 +25,7 @@ import attrs
 import httpx
 import trio
 
+from sluiceway.bench.load_http import Connection, Origin
 from sluiceway.bench.serve_load import (
     BUILTIN_PROMPTS,
     LevelRun,
@@ -156,13 +157,9 @@ async def run_sweep(
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     levels = args.concurrency
     counts = _request_counts(args)
-    limits = httpx.Limits(
-        max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4
-    )
+    origin = Origin.from_url(url, headers)  # the streamed requests (`load_http`)
     async with (
-        httpx.AsyncClient(
-            base_url=url, headers=headers, timeout=None, limits=limits, trust_env=False
-        ) as client,
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=None, trust_env=False) as client,
         httpx.AsyncClient(base_url=url, headers=headers, timeout=10, trust_env=False) as health,
     ):
         model = args.model or await first_model(client)
@@ -174,14 +171,16 @@ async def run_sweep(
             request_timeout=args.request_timeout,
         )
         prompts = _prompts(args, sum(counts))
+        warmup = Connection(origin)
         for i in range(args.warmup):
-            await timed_request(client, spec, prompts[i % len(prompts)])
+            await timed_request(warmup, spec, prompts[i % len(prompts)])
+        await warmup.aclose()
         reports = []
         with tqdm(total=sum(counts), unit="req", disable=args.no_progress, file=sys.stderr) as bar:
             for concurrency, count in zip(levels, counts, strict=True):
                 bar.set_description(f"concurrency {concurrency}")
                 run: LevelRun = await run_level(
-                    client,
+                    origin,
                     spec,
                     prompts,
                     concurrency=concurrency,

@@ -1,8 +1,9 @@
 """The load side of `sluiceway bench serve`: prompts, one timed streamed request, a
 closed-loop concurrency level, and a /health prober.
 
-Talks plain OpenAI-compatible HTTP (httpx + httpx-sse on trio), so it measures any
-server: sluiceway, llama.cpp's server, vLLM.
+Talks plain OpenAI-compatible HTTP (the streamed requests through `load_http`, the
+rest through httpx, on trio), so it measures any server: sluiceway, llama.cpp's
+server, vLLM.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import attrs
 import httpx
 import trio
-from httpx_sse import aconnect_sse
+
+from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_data
 
 # A fixed, varied set of chat prompts (short questions, instructions, longer asks).
 BUILTIN_PROMPTS: tuple[str, ...] = (
@@ -144,32 +147,32 @@ def _take_chunk(record: RequestRecord, data: str, now: float) -> None:
         record.prompt_tokens = usage.get("prompt_tokens")
 
 
-async def timed_request(client: httpx.AsyncClient, spec: LoadSpec, prompt: str) -> RequestRecord:
+async def timed_request(connection: Connection, spec: LoadSpec, prompt: str) -> RequestRecord:
     """Send one streamed request and time its chunks. Never raises for a failed request
     (the record carries the error); cancellation propagates."""
     record = RequestRecord(start=time.perf_counter())
     done = False
+    body = json.dumps(spec.body(prompt)).encode()
     try:
         with trio.fail_after(spec.request_timeout):
-            async with aconnect_sse(client, "POST", spec.path, json=spec.body(prompt)) as source:
-                response = source.response
-                if response.status_code != 200:
-                    await response.aread()
-                    record.error = f"HTTP {response.status_code}: {response.text[:200]}"
-                else:
-                    # Read to the end rather than break at [DONE]: abandoning httpx's
-                    # nested async generators leaves them to the garbage collector.
-                    async for event in source.aiter_sse():
-                        now = time.perf_counter()
-                        if event.data == "[DONE]":
-                            done = True
-                        elif not done and event.data:
-                            _take_chunk(record, event.data, now)
+            async with connection.post(spec.path, body) as response:
+                async with aclosing(response.body) as chunks:
+                    if response.status_code != 200:
+                        text = b"".join([c async for c in chunks]).decode(errors="replace")
+                        record.error = f"HTTP {response.status_code}: {text[:200]}"
+                    else:
+                        async with aclosing(sse_data(chunks)) as events:
+                            async for data in events:
+                                now = time.perf_counter()
+                                if data == "[DONE]":
+                                    done = True
+                                elif not done and data:
+                                    _take_chunk(record, data, now)
         if record.error is None and not done:
             record.error = "the stream ended without [DONE]"
     except trio.TooSlowError:
         record.error = f"timed out after {spec.request_timeout} s"
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+    except (LoadHTTPError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.end = time.perf_counter()
     return record
@@ -186,10 +189,11 @@ class LevelRun:
     health_latencies: list[float] | None = None
     health_failures: int = 0
     timed_out: bool = False
+    client_cpu_s: float | None = None  # this process's CPU time over the level
 
 
 async def run_level(
-    client: httpx.AsyncClient,
+    origin: Origin,
     spec: LoadSpec,
     prompts: Sequence[str],
     *,
@@ -210,14 +214,18 @@ async def run_level(
 
     async def worker() -> None:
         nonlocal next_index
-        while next_index < num_requests:
-            i = next_index
-            next_index += 1
-            record = await timed_request(client, spec, prompts[i % len(prompts)])
-            records.append(record)
-            on_done(record)
+        connection = Connection(origin)  # kept alive across this worker's requests
+        try:
+            while next_index < num_requests:
+                i = next_index
+                next_index += 1
+                record = await timed_request(connection, spec, prompts[i % len(prompts)])
+                records.append(record)
+                on_done(record)
+        finally:
+            await connection.aclose()
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with trio.move_on_after(max_duration) as scope:
         async with trio.open_nursery() as nursery:
             if health_client is not None:
@@ -231,6 +239,7 @@ async def run_level(
             if health_client is not None:
                 probe_scope.cancel()
     duration = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     return LevelRun(
         concurrency=concurrency,
         requested=num_requests,
@@ -239,6 +248,7 @@ async def run_level(
         health_latencies=health if health_client is not None else None,
         health_failures=failures[0],
         timed_out=scope.cancelled_caught,
+        client_cpu_s=cpu,
     )
 
 

@@ -52,6 +52,9 @@ class LevelReport:
     health_probes: int = 0
     health_failures: int = 0
     engine_tok_s: float | None = None
+    # The load generator's own CPU per output token: on a machine it shares with the
+    # server, the server loses that much CPU to the measurement.
+    client_cpu_us_per_token: float | None = None
     errors: list[str] = attrs.field(factory=list)
 
     @property
@@ -91,6 +94,9 @@ def summarize(run: LevelRun) -> LevelReport:
         health_s=None if health is None else _percentiles(health, (50, 99)),
         health_probes=0 if health is None else len(health),
         health_failures=run.health_failures,
+        client_cpu_us_per_token=(
+            None if run.client_cpu_s is None or not tokens else run.client_cpu_s / tokens * 1e6
+        ),
         errors=errors,
     )
 
@@ -109,6 +115,7 @@ def format_table(reports: Sequence[LevelReport]) -> str:
     ]  # fmt: skip
     if health:
         head += ["/health p50 ms", "/health p99 ms"]
+    head += ["client CPU us/tok"]
     if engine:
         head += ["engine tok/s", "server/engine"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
@@ -125,6 +132,8 @@ def format_table(reports: Sequence[LevelReport]) -> str:
         if health:
             h = r.health_s or {}
             cells += [_ms(h.get("p50")), _ms(h.get("p99"))]
+        cpu = r.client_cpu_us_per_token
+        cells.append("-" if cpu is None else f"{cpu:.0f}")
         if engine:
             frac = r.engine_fraction
             cells += [

@@ -1,0 +1,190 @@
+"""The load generator's HTTP client against a scripted h11 server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
+from functools import partial
+
+import h11
+import pytest
+import trio
+
+from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_data
+from sluiceway.bench.serve_load import LoadSpec, timed_request
+
+Reply = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
+
+
+async def _serve_connection(
+    reply: Reply, log: list[tuple[int, str, bytes]], opened: list[int], stream: trio.SocketStream
+) -> None:
+    """Answer requests on one connection with `reply` until it returns False or the
+    client leaves. `log` gets (connection number, target, body) per request."""
+    number = opened[0]
+    opened[0] += 1
+    conn = h11.Connection(h11.SERVER)
+    async with stream:
+        while True:
+            request: h11.Request | None = None
+            body = b""
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    body += bytes(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+            assert request is not None
+            log.append((number, request.target.decode(), body))
+            if not await reply(conn, stream, request, body):
+                return
+            conn.start_next_cycle()
+
+
+@asynccontextmanager
+async def scripted_server(reply: Reply) -> AsyncIterator[tuple[str, list[tuple[int, str, bytes]]]]:
+    log: list[tuple[int, str, bytes]] = []
+    handler = partial(_serve_connection, reply, log, [0])
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        yield f"http://127.0.0.1:{port}", log
+        nursery.cancel_scope.cancel()
+
+
+def sse_body(*events: str) -> bytes:
+    return b"".join(f"data: {e}\n\n".encode() for e in events)
+
+
+async def _send(
+    conn: h11.Connection,
+    stream: trio.SocketStream,
+    status: int,
+    parts: list[bytes],
+    *,
+    close: bool = False,
+) -> None:
+    headers = [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked")]
+    if close:
+        headers.append(("Connection", "close"))
+    out = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+    await stream.send_all(out)
+    for part in parts:
+        await stream.send_all(conn.send(h11.Data(data=part)) or b"")
+    await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+
+def streamed_reply(*, close: bool = False) -> Reply:
+    async def reply(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        chunk = '{"choices":[{"index":0,"delta":{"content":"hi"}}]}'
+        usage = '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+        await _send(
+            conn, stream, 200, [sse_body(chunk, chunk), sse_body(usage, "[DONE]")], close=close
+        )
+        return not close
+
+    return reply
+
+
+async def _collect(chunks: list[bytes]) -> list[str]:
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async with aclosing(sse_data(body())) as events:
+        return [e async for e in events]
+
+
+async def test_sse_data_reassembles_events_split_anywhere() -> None:
+    stream = (
+        b": comment\r\nevent: x\r\ndata: one\r\n\r\ndata: two\ndata:  three\n\nid: 4\n\ndata: last"
+    )
+    whole = await _collect([stream])
+    assert whole == ["one", "two\n three"]  # "last" never got its blank line
+    for cut in range(1, len(stream)):  # every split point, CRLF halves included
+        assert await _collect([stream[:cut], stream[cut:]]) == whole, cut
+    assert await _collect([bytes([b]) for b in stream]) == whole
+
+
+async def test_requests_reuse_one_connection_and_carry_path_and_headers() -> None:
+    async with scripted_server(streamed_reply()) as (url, log):
+        origin = Origin.from_url(url + "/prefix", {"Authorization": "Bearer k"})
+        connection = Connection(origin)
+        spec = LoadSpec(model="m", output_tokens=2)
+        records = [await timed_request(connection, spec, f"prompt {i}") for i in range(3)]
+        await connection.aclose()
+    assert [r.error for r in records] == [None, None, None]
+    assert [(len(r.chunk_times), r.usage_tokens, r.prompt_tokens) for r in records] == [
+        (2, 2, 3)
+    ] * 3
+    served = [(n, target) for n, target, _ in log]
+    assert served == [(0, "/prefix/v1/chat/completions")] * 3  # one connection for all three
+    assert b'"prompt 2"' in log[-1][2]
+
+
+async def test_a_closed_connection_is_reopened_for_the_next_request() -> None:
+    async with scripted_server(streamed_reply(close=True)) as (url, log):
+        connection = Connection(Origin.from_url(url))
+        spec = LoadSpec(model="m", output_tokens=2)
+        records = [await timed_request(connection, spec, "p") for _ in range(2)]
+        await connection.aclose()
+    assert [r.error for r in records] == [None, None]
+    assert [n for n, *_ in log] == [0, 1]
+
+
+async def test_errors_become_records_not_exceptions() -> None:
+    async def not_found(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        await _send(conn, stream, 404, [b'{"error": {"message": "no such model"}}'])
+        return True
+
+    async def cut_off(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        await stream.send_all(
+            conn.send(h11.Response(status_code=200, headers=[("Transfer-Encoding", "chunked")]))
+            or b""
+        )
+        await stream.send_all(conn.send(h11.Data(data=b'data: {"choices":[]}\n\n')) or b"")
+        return False  # the connection closes mid-stream
+
+    spec = LoadSpec(model="m", output_tokens=2)
+    async with scripted_server(not_found) as (url, _):
+        connection = Connection(Origin.from_url(url))
+        record = await timed_request(connection, spec, "p")
+        await connection.aclose()
+    assert (
+        record.error is not None
+        and record.error.startswith("HTTP 404: ")
+        and "no such model" in record.error
+    )
+    async with scripted_server(cut_off) as (url, _):
+        connection = Connection(Origin.from_url(url))
+        record = await timed_request(connection, spec, "p")
+        await connection.aclose()
+    assert record.error is not None and "LoadHTTPError" in record.error
+    refused = Connection(Origin.from_url(url))  # that server is gone now
+    with pytest.raises(LoadHTTPError, match="connect failed"):
+        async with refused.post("/v1/completions", b"{}"):
+            pass
+
+
+def test_origin_from_url() -> None:
+    assert Origin.from_url("https://example.com/api/").port == 443
+    assert Origin.from_url("http://[::1]:8000").host_header == "[::1]:8000"
+    assert Origin.from_url("http://h:80/v").host_header == "h"
+    assert Origin.from_url("http://h:80/v").path_prefix == "/v"
+    with pytest.raises(ValueError):
+        Origin.from_url("ftp://h")
