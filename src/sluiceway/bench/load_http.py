@@ -2,12 +2,13 @@
 trio streams, and the `data:` payloads of a server-sent event stream.
 
 The load generator runs on the machine it measures. Through httpx and httpx-sse it
-spent 97-114 us of CPU per streamed token at 32 streams (fake model, real HTTP
-stack) and 195-204 us at one stream; this path spends about 53 and 141-169
-(`getrusage` around the same load). On a 2-core machine every such microsecond is
-taken from the server: 110 us more per token cost 8% of the server's throughput at
-32 streams (8 alternating pairs). Health probes and the model listing still use
-httpx; only the streamed requests, where the cost is paid per token, come here.
+spent 98-99 us of CPU per streamed token at 32 streams and 251-258 at one stream
+(fake model, real HTTP stack); through this path `sluiceway bench serve` spends
+55-67 and 195-202 (process CPU time over the same load). On a 2-core machine every
+such microsecond is taken from the server: 110 us more per token cost 8% of the
+server's throughput at 32 streams (8 alternating pairs). Health probes and the model
+listing still use httpx; only the streamed requests, where the cost is paid per
+token, come here.
 """
 
 from __future__ import annotations
