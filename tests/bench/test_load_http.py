@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_data
-from sluiceway.bench.serve_load import LoadSpec, timed_request
+from sluiceway.bench.serve_load import LoadSpec, _probe_health, timed_request
 
 Reply = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
 
@@ -188,3 +188,31 @@ def test_origin_from_url() -> None:
     assert Origin.from_url("http://h:80/v").path_prefix == "/v"
     with pytest.raises(ValueError):
         Origin.from_url("ftp://h")
+
+
+async def test_health_probe_times_good_answers_and_counts_bad_ones() -> None:
+    answers = [200, 503, 200, 200]
+    answered = trio.Event()
+
+    async def health(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        await _send(conn, stream, answers.pop(0) if answers else 200, [b"{}"])
+        if not answers:
+            answered.set()
+        return True
+
+    latencies: list[float] = []
+    failures = [0]
+    async with scripted_server(health) as (url, log):
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                _probe_health, Origin.from_url(url), 0.001, latencies, failures, scope
+            )
+            await answered.wait()
+            scope.cancel()
+    # The fourth answer may land before or after the cancel; the first three did not.
+    assert failures == [1] and len(latencies) >= 2
+    assert {target for _, target, _ in log} == {"/health"}
+    assert {n for n, *_ in log} == {0}  # one kept-alive connection

@@ -7,15 +7,15 @@ spent 98-99 us of CPU per streamed token at 32 streams and 251-258 at one stream
 55-67 and 195-202 (process CPU time over the same load). On a 2-core machine every
 such microsecond is taken from the server: 110 us more per token cost 8% of the
 server's throughput at 32 streams (8 alternating pairs). Health probes and the model
-listing still use httpx; only the streamed requests, where the cost is paid per
-token, come here.
+listing still uses httpx; the streamed requests and the health probe (a GET every
+50 ms while the load runs) come here.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from urllib.parse import urlsplit
 
 import attrs
@@ -80,12 +80,18 @@ class Connection:
             )
         return await trio.open_tcp_stream(self.origin.host, self.origin.port)
 
+    def post(self, path: str, body: bytes) -> AbstractAsyncContextManager[StreamedResponse]:
+        """POST `body` (JSON) to `path`; see `request`."""
+        return self.request("POST", path, body)
+
     @asynccontextmanager
-    async def post(self, path: str, body: bytes) -> AsyncIterator[StreamedResponse]:
-        """POST `body` (JSON) to `path`; yields the response with its body unread.
-        Raises LoadHTTPError when the connection fails. Leaving the block before the
-        body's end (or by an exception, or cancellation) closes the connection, so
-        the next request opens a fresh one."""
+    async def request(
+        self, method: str, path: str, body: bytes | None = None
+    ) -> AsyncIterator[StreamedResponse]:
+        """Send one request (`body`, if any, as JSON); yields the response with its body
+        unread. Raises LoadHTTPError when the connection fails. Leaving the block
+        before the body's end (or by an exception, or cancellation) closes the
+        connection, so the next request opens a fresh one."""
         if self._h11.our_state is h11.MUST_CLOSE or self._h11.their_state is h11.MUST_CLOSE:
             await self.aclose()
         if self._stream is None:
@@ -94,22 +100,17 @@ class Connection:
             except OSError as exc:
                 raise LoadHTTPError(f"connect failed: {exc}") from exc
             self._h11 = h11.Connection(h11.CLIENT)
-        headers = [
-            ("Host", self.origin.host_header),
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-            *self.origin.headers,
-        ]
+        headers = [("Host", self.origin.host_header), *self.origin.headers]
+        if body is not None:
+            headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         target = self.origin.path_prefix + path
-        request = h11.Request(method="POST", target=target, headers=headers)
+        request = h11.Request(method=method, target=target, headers=headers)
         finished = False
         try:
-            head = self._h11.send(request) or b""
-            await self._send(
-                head
-                + (self._h11.send(h11.Data(data=body)) or b"")
-                + (self._h11.send(h11.EndOfMessage()) or b"")
-            )
+            out = self._h11.send(request) or b""
+            if body is not None:
+                out += self._h11.send(h11.Data(data=body)) or b""
+            await self._send(out + (self._h11.send(h11.EndOfMessage()) or b""))
             response = await self._next_event()
             if not isinstance(response, h11.Response):
                 raise LoadHTTPError(f"expected a response, got {type(response).__name__}")

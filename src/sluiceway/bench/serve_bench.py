@@ -158,10 +158,9 @@ async def run_sweep(
     levels = args.concurrency
     counts = _request_counts(args)
     origin = Origin.from_url(url, headers)  # the streamed requests (`load_http`)
-    async with (
-        httpx.AsyncClient(base_url=url, headers=headers, timeout=None, trust_env=False) as client,
-        httpx.AsyncClient(base_url=url, headers=headers, timeout=10, trust_env=False) as health,
-    ):
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=None, trust_env=False
+    ) as client:
         model = args.model or await first_model(client)
         spec = LoadSpec(
             model=model,
@@ -187,7 +186,7 @@ async def run_sweep(
                     num_requests=count,
                     max_duration=args.max_duration,
                     on_done=lambda _r: bar.update(1),
-                    health_client=health if args.health_probe else None,
+                    probe_health=args.health_probe,
                 )
                 report = summarize(run)
                 if baseline is not None:

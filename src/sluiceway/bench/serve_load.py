@@ -59,6 +59,9 @@ def random_prompts(count: int, words: int, range_ratio: float, seed: int) -> lis
     ]
 
 
+HEALTH_TIMEOUT = 10.0
+
+
 @attrs.frozen
 class LoadSpec:
     """What each request asks for."""
@@ -201,7 +204,7 @@ async def run_level(
     num_requests: int,
     max_duration: float,
     on_done: Callable[[RequestRecord], None] = lambda r: None,
-    health_client: httpx.AsyncClient | None = None,
+    probe_health: bool = False,
     health_interval: float = 0.05,
 ) -> LevelRun:
     """Closed loop: `concurrency` workers send `num_requests` requests in all, prompts
@@ -228,15 +231,15 @@ async def run_level(
     start, cpu_start = time.perf_counter(), time.process_time()
     with trio.move_on_after(max_duration) as scope:
         async with trio.open_nursery() as nursery:
-            if health_client is not None:
+            if probe_health:
                 probe_scope = trio.CancelScope()
                 nursery.start_soon(
-                    _probe_health, health_client, health_interval, health, failures, probe_scope
+                    _probe_health, origin, health_interval, health, failures, probe_scope
                 )
             async with trio.open_nursery() as workers:
                 for _ in range(min(concurrency, num_requests)):
                     workers.start_soon(worker)
-            if health_client is not None:
+            if probe_health:
                 probe_scope.cancel()
     duration = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
@@ -245,7 +248,7 @@ async def run_level(
         requested=num_requests,
         records=records,
         duration=duration,
-        health_latencies=health if health_client is not None else None,
+        health_latencies=health if probe_health else None,
         health_failures=failures[0],
         timed_out=scope.cancelled_caught,
         client_cpu_s=cpu,
@@ -253,28 +256,38 @@ async def run_level(
 
 
 async def _probe_health(
-    client: httpx.AsyncClient,
+    origin: Origin,
     interval: float,
     out: list[float],
     failures: list[int],
     scope: trio.CancelScope,
 ) -> None:
-    """GET /health every `interval` seconds (on its own connection) until cancelled."""
-    with scope:
-        next_at = trio.current_time()
-        while True:
-            t0 = time.perf_counter()
-            try:
-                response = await client.get("/health")
-                ok = response.status_code == 200
-            except httpx.HTTPError:
+    """GET /health every `interval` seconds (on its own connection) until cancelled;
+    a probe that takes more than `HEALTH_TIMEOUT` seconds counts as failed."""
+    connection = Connection(origin)
+    try:
+        with scope:
+            next_at = trio.current_time()
+            while True:
+                t0 = time.perf_counter()
                 ok = False
-            if ok:
-                out.append(time.perf_counter() - t0)
-            else:
-                failures[0] += 1
-            next_at = max(next_at + interval, trio.current_time())
-            await trio.sleep_until(next_at)
+                with trio.move_on_after(HEALTH_TIMEOUT):
+                    try:
+                        async with connection.request("GET", "/health") as response:
+                            async with aclosing(response.body) as body:
+                                async for _ in body:
+                                    pass
+                            ok = response.status_code == 200
+                    except LoadHTTPError:
+                        pass
+                if ok:
+                    out.append(time.perf_counter() - t0)
+                else:
+                    failures[0] += 1
+                next_at = max(next_at + interval, trio.current_time())
+                await trio.sleep_until(next_at)
+    finally:
+        await connection.aclose()
 
 
 async def first_model(client: httpx.AsyncClient) -> str:
