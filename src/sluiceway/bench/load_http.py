@@ -6,9 +6,9 @@ spent 98-99 us of CPU per streamed token at 32 streams and 251-258 at one stream
 (fake model, real HTTP stack); through this path `sluiceway bench serve` spends
 55-67 and 195-202 (process CPU time over the same load). On a 2-core machine every
 such microsecond is taken from the server: 110 us more per token cost 8% of the
-server's throughput at 32 streams (8 alternating pairs). Health probes and the model
-listing still uses httpx; the streamed requests and the health probe (a GET every
-50 ms while the load runs) come here.
+server's throughput at 32 streams (8 alternating pairs). The streamed requests and
+the health probe (a GET every 50 ms while the load runs) come here; the one-off
+model listing still uses httpx.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class LoadHTTPError(Exception):
 
 @attrs.frozen
 class Origin:
-    """Where the streamed requests go: scheme, host, port and the headers each carries."""
+    """Where the requests go: scheme, host, port, path prefix and the headers each
+    carries."""
 
     scheme: str
     host: str
