@@ -19,6 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from sluiceway.api import tcp_server
 from sluiceway.api.app import SluicewayApp, create_app
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
@@ -106,6 +107,8 @@ async def serve_async(
         model_vocab_size=model_vocab_size,
     )
     state: ServerState = app.config["SLUICEWAY_STATE"]
+    if not tcp_server.install():
+        log.info("hypercorn's own TCP send in use (the immediate send does not apply here)")
     stop, hypercorn_stop = trio.Event(), trio.Event()
     async with trio.open_nursery() as engine_nursery:
         await engine_nursery.start(engine.run)
