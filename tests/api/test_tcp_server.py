@@ -62,6 +62,15 @@ def test_install_makes_hypercorns_worker_build_immediate_send_servers():
     assert tcp_server.install()  # idempotent
 
 
+def test_install_leaves_a_worker_it_does_not_recognise_alone(monkeypatch: pytest.MonkeyPatch):
+    class SomeOtherServer:
+        pass
+
+    monkeypatch.setattr(hypercorn_run, "TCPServer", SomeOtherServer)
+    assert not tcp_server.install()
+    assert hypercorn_run.TCPServer is SomeOtherServer
+
+
 async def test_a_send_the_socket_takes_whole_is_not_a_checkpoint(pair):
     near, far = pair
     server, protocol = make_server(near)
