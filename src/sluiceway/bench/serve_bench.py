@@ -171,9 +171,11 @@ async def run_sweep(
         )
         prompts = _prompts(args, sum(counts))
         warmup = Connection(origin)
-        for i in range(args.warmup):
-            await timed_request(warmup, spec, prompts[i % len(prompts)])
-        await warmup.aclose()
+        try:
+            for i in range(args.warmup):
+                await timed_request(warmup, spec, prompts[i % len(prompts)])
+        finally:
+            await warmup.aclose()
         reports = []
         with tqdm(total=sum(counts), unit="req", disable=args.no_progress, file=sys.stderr) as bar:
             for concurrency, count in zip(levels, counts, strict=True):
