@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -194,3 +194,75 @@ def test_cli_logging_keeps_sluiceway_info_and_drops_httpx_request_lines() -> Non
         httpx_logger.setLevel(saved[0])
         ours.setLevel(saved[1])
         logging.getLogger().setLevel(saved[2])
+
+
+class _ScriptedBaseline:
+    """Stands in for `EngineBaseline`: returns scripted engine rates, records the asks."""
+
+    def __init__(self, rates: list[float]) -> None:
+        self.rates = rates
+        self.calls: list[tuple[int, int, int, int]] = []
+
+    async def rate(self, batch: int, prompt_tokens: int, output_tokens: int, rounds: int) -> float:
+        self.calls.append((batch, prompt_tokens, output_tokens, rounds))
+        return self.rates.pop(0)
+
+
+async def test_engine_baseline_brackets_each_level(bench_server: RunningServer) -> None:
+    """The engine is timed right before and right after each level; the share is taken
+    against the mean of the two, and both stay in the report."""
+    args = _args(
+        "--url", bench_server.url,
+        "--concurrency", "1,2",
+        "--num-requests", "3,20",
+        "--output-tokens", str(OUTPUT_TOKENS),
+        "--warmup", "1",
+        "--no-progress",
+    )  # fmt: skip
+    baseline = _ScriptedBaseline([100.0, 300.0, 50.0, 70.0])
+    with trio.fail_after(30):
+        reports, _ = await run_sweep(args, cast(Any, baseline))
+    first, second = reports
+    assert first.engine_tok_s_bracket == (100.0, 300.0) and first.engine_tok_s == 200.0
+    assert second.engine_tok_s_bracket == (50.0, 70.0) and second.engine_tok_s == 60.0
+    assert first.engine_fraction == pytest.approx(first.output_tok_s / 200.0)
+    assert first.prompt_tokens_mean and second.prompt_tokens_mean
+    # Before the first level the prompt length comes from the warm-up request, after
+    # it from the level; one round per request a worker sends, at most eight.
+    warm_prompt = baseline.calls[0][1]
+    assert warm_prompt > 5
+    assert baseline.calls == [
+        (1, warm_prompt, OUTPUT_TOKENS, 3),
+        (1, round(first.prompt_tokens_mean), OUTPUT_TOKENS, 3),
+        (2, round(first.prompt_tokens_mean), OUTPUT_TOKENS, 8),
+        (2, round(second.prompt_tokens_mean), OUTPUT_TOKENS, 8),
+    ]
+    assert "engine_tok_s_bracket" in first.to_dict()
+
+
+async def test_engine_rate_is_total_tokens_over_total_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rounds at 100 and 300 tok/s make 150 tok/s (equal tokens, 3x the time in the
+    slow round), not their plain mean; every round runs on the baseline's thread."""
+    import threading
+
+    from sluiceway.bench.serve_bench import EngineBaseline
+    from sluiceway.engine.model_thread import ModelThread
+
+    baseline = object.__new__(EngineBaseline)
+    baseline.thread = ModelThread(name="baseline-test")
+    rates, threads = [100.0, 300.0], set()
+
+    def measure(batch: int, prompt_tokens: int, output_tokens: int) -> float:
+        threads.add(threading.current_thread().name)
+        assert (batch, prompt_tokens, output_tokens) == (4, 512, 16)  # the prompt is capped
+        return rates.pop(0)
+
+    monkeypatch.setattr(baseline, "measure", measure)
+    try:
+        with trio.fail_after(10):
+            assert await baseline.rate(4, 4000, 16, 2) == pytest.approx(150.0)
+    finally:
+        baseline.close()
+    assert threads == {"baseline-test"}

@@ -30,6 +30,7 @@ from sluiceway.bench.serve_load import (
     BUILTIN_PROMPTS,
     LevelRun,
     LoadSpec,
+    RequestRecord,
     default_requests,
     first_model,
     random_prompts,
@@ -128,6 +129,11 @@ def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+_DEFAULT_PROMPT_TOKENS = 32  # the engine's prompt length before the server reported one
+_MAX_BASELINE_PROMPT = 512  # the baseline's KV cache is sized for prompts up to this
+_MAX_BASELINE_ROUNDS = 8
+
+
 def _request_counts(args: argparse.Namespace) -> list[int]:
     levels = args.concurrency
     counts = args.num_requests
@@ -149,7 +155,7 @@ def _prompts(args: argparse.Namespace, total: int) -> list[str]:
 async def run_sweep(
     args: argparse.Namespace, baseline: EngineBaseline | None = None
 ) -> tuple[list[LevelReport], dict[str, Any]]:
-    """Run the whole sweep against `args.url` (and `baseline` after each level);
+    """Run the whole sweep against `args.url` (and `baseline` before and after each level);
     returns the per-level reports and the configuration that produced them."""
     from tqdm import tqdm
 
@@ -171,14 +177,25 @@ async def run_sweep(
         )
         prompts = _prompts(args, sum(counts))
         warmup = Connection(origin)
+        warmed: list[RequestRecord] = []
         try:
             for i in range(args.warmup):
-                await timed_request(warmup, spec, prompts[i % len(prompts)])
+                warmed.append(await timed_request(warmup, spec, prompts[i % len(prompts)]))
         finally:
             await warmup.aclose()
+        # The engine's prompt length before a level: the last one the server reported.
+        known = [r.prompt_tokens for r in warmed if r.prompt_tokens is not None]
+        prompt_tokens = round(sum(known) / len(known)) if known else _DEFAULT_PROMPT_TOKENS
         reports = []
         with tqdm(total=sum(counts), unit="req", disable=args.no_progress, file=sys.stderr) as bar:
             for concurrency, count in zip(levels, counts, strict=True):
+                rounds = min(max(1, count // concurrency), _MAX_BASELINE_ROUNDS)
+                before = None
+                if baseline is not None:
+                    bar.set_description(f"engine at batch {concurrency}")
+                    before = await baseline.rate(
+                        concurrency, prompt_tokens, args.output_tokens, rounds
+                    )
                 bar.set_description(f"concurrency {concurrency}")
                 run: LevelRun = await run_level(
                     origin,
@@ -191,15 +208,18 @@ async def run_sweep(
                     probe_health=args.health_probe,
                 )
                 report = summarize(run)
-                if baseline is not None:
-                    # Measured now, so both figures see the same background load.
+                if report.prompt_tokens_mean:
+                    prompt_tokens = round(report.prompt_tokens_mean)
+                if baseline is not None and before is not None:
+                    # Measured right before and right after the level, so that a
+                    # machine whose speed drifts (shared hosts do, by 10-20% within
+                    # minutes) is seen by both figures alike.
                     bar.set_description(f"engine at batch {concurrency}")
-                    prompt_tokens = min(round(report.prompt_tokens_mean or 32), 512)
-                    report.engine_tok_s = await baseline.thread.run(
-                        functools.partial(
-                            baseline.measure, concurrency, prompt_tokens, args.output_tokens
-                        )
+                    after = await baseline.rate(
+                        concurrency, prompt_tokens, args.output_tokens, rounds
                     )
+                    report.engine_tok_s_bracket = (before, after)
+                    report.engine_tok_s = (before + after) / 2
                 reports.append(report)
     config = {
         "url": url,
@@ -219,7 +239,7 @@ async def run_sweep(
 class EngineBaseline:
     """The in-process engine (the `sluiceway bench engine` measurement: random-token
     prompts, greedy, ignore_eos), loaded once and timed at one batch size at a time,
-    right after the server's level at the same concurrency.
+    right before and right after the server's level at the same concurrency.
 
     Built like the server's engine (`load_bundle_on_thread`): loading and every
     measurement run on `thread`. Torch work spread over two OS threads runs two
@@ -262,6 +282,19 @@ class EngineBaseline:
         prompts = token_prompts(batch, prompt_tokens, self.vocab, batch)
         return time_engine(self.core, prompts, output_tokens)
 
+    async def rate(self, batch: int, prompt_tokens: int, output_tokens: int, rounds: int) -> float:
+        """Output tokens/s over `rounds` batches of `batch` sequences (the harmonic
+        mean of the rounds: total tokens over total time), run on `thread`.
+        Cancellation waits for the round in flight."""
+        prompt_tokens = min(max(prompt_tokens, 1), _MAX_BASELINE_PROMPT)
+        seconds = 0.0
+        for _ in range(rounds):
+            tok_s = await self.thread.run(
+                functools.partial(self.measure, batch, prompt_tokens, output_tokens)
+            )
+            seconds += batch * output_tokens / tok_s
+        return rounds * batch * output_tokens / seconds
+
     def close(self) -> None:
         self.thread.stop()
 
@@ -275,7 +308,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             args.baseline_model,
             args.baseline_dtype,
             max(args.concurrency),
-            max_seq_tokens=512 + args.output_tokens,
+            max_seq_tokens=_MAX_BASELINE_PROMPT + args.output_tokens,
             quantization=args.baseline_quantization,
         )
     try:
@@ -288,7 +321,9 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             "model": args.baseline_model,
             "dtype": baseline.dtype,
             "quantization": args.baseline_quantization,
-            "prompt_tokens": "the level's mean prompt tokens (from usage), random ids",
+            "prompt_tokens": "the mean prompt tokens the server last reported (usage), random ids",
+            "timing": "before and after each level, as many batches as the level has rounds "
+            f"(at most {_MAX_BASELINE_ROUNDS}); engine_tok_s is their mean",
         }
     print(
         f"\n{config['api']} streaming, {args.output_tokens} output tokens per request, "
@@ -298,8 +333,11 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     if args.engine_baseline:
         print("\nserver throughput as a fraction of the engine's at the same batch:")
         for r in reports:
-            frac = r.engine_fraction
-            print(f"  concurrency {r.concurrency}: " + ("-" if frac is None else f"{frac:.0%}"))
+            frac, bracket = r.engine_fraction, r.engine_tok_s_bracket
+            line = f"  concurrency {r.concurrency}: " + ("-" if frac is None else f"{frac:.0%}")
+            if bracket is not None:
+                line += f" (engine {bracket[0]:.1f} tok/s before the level, {bracket[1]:.1f} after)"
+            print(line)
     failed = sum(r.failed for r in reports)
     if failed:
         examples = [e for r in reports for e in r.errors]

@@ -52,6 +52,8 @@ class LevelReport:
     health_probes: int = 0
     health_failures: int = 0
     engine_tok_s: float | None = None
+    # The engine measured right before and right after the level; engine_tok_s is their mean.
+    engine_tok_s_bracket: tuple[float, float] | None = None
     # The load generator's own CPU per output token: on a machine it shares with the
     # server, the server loses that much CPU to the measurement.
     client_cpu_us_per_token: float | None = None
