@@ -6,6 +6,8 @@ handler and then sending the response. A streaming handler starts its work in
 that same nursery (`connection_nursery().start(...)`), so the work outlives the
 handler's return, is cancelled on disconnect, and its cancel scopes and engine
 context stay within one task (PEP 789: no async generator yields across them).
+The connection's ASGI `send` is visible the same way, for writing a streamed
+response's chunks straight to the socket (`chunk_socket.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 _nursery: ContextVar[trio.Nursery] = ContextVar("sluiceway_connection_nursery")
+_send: ContextVar[ASGISendCallable] = ContextVar("sluiceway_connection_send")
 
 
 def connection_nursery() -> trio.Nursery:
@@ -24,14 +27,21 @@ def connection_nursery() -> trio.Nursery:
     return _nursery.get()
 
 
+def connection_send() -> ASGISendCallable | None:
+    """The current HTTP request's ASGI send, or None outside one of our connections."""
+    return _send.get(None)
+
+
 class SluicewayHTTPConnection(TrioASGIHTTPConnection):
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         request = self._create_request_from_scope(send)
         async with trio.open_nursery() as nursery:
             token = _nursery.set(nursery)
+            send_token = _send.set(send)
             try:
-                # The child tasks copy the context now, nursery included.
+                # The child tasks copy the context now, nursery and send included.
                 nursery.start_soon(self.handle_messages, nursery, request, receive)
                 nursery.start_soon(self.handle_request, nursery, request, send)
             finally:
+                _send.reset(send_token)
                 _nursery.reset(token)

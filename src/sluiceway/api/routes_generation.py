@@ -3,14 +3,14 @@
 A streaming request's work runs in a task started in the HTTP connection's own
 nursery (quart-trio cancels that nursery when the client disconnects), so the
 engine context, the consumers and every cancel scope live in one task and are
-entered and left in order; the response body only reads a memory channel.
+entered and left in order. The consumers' events go out through a `StreamOutput`:
+straight to the socket when nothing is queued, else through the response body.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import uuid
 from contextlib import AsyncExitStack
@@ -21,11 +21,13 @@ from quart import Blueprint, Response, current_app, request
 
 from sluiceway.api import errors, prompts, sse
 from sluiceway.api import formatting as fmt
-from sluiceway.api.connection import connection_nursery
+from sluiceway.api.chunk_socket import ChunkSocket
+from sluiceway.api.connection import connection_nursery, connection_send
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.responses import ChatShape, CompletionShape, Shape, full_response
 from sluiceway.api.state import ServerState
+from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import (
     CommonRequest,
     parse_chat_request,
@@ -87,22 +89,9 @@ async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str
     result = await connection_nursery().start(stream.run)
     if isinstance(result, APIError):
         raise result
-    response = Response(_read(result), headers=sse.HEADERS)
+    response = Response(result.body(), headers=sse.HEADERS)
     response.timeout = None  # a long stream is not a stuck one; our own deadline governs
     return response
-
-
-async def _read(receive: trio.MemoryReceiveChannel[bytes]) -> Any:
-    """The stream's SSE bytes for the response body. Events that queued up while the
-    previous write was in progress go out together as one write: a busy server
-    makes fewer socket writes, and an idle one still sends each event at once."""
-    async with receive:
-        async for data in receive:
-            parts = [data]
-            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
-                while True:
-                    parts.append(receive.receive_nowait())
-            yield b"".join(parts)  # the same object when there is one part
 
 
 async def _complete(
@@ -149,7 +138,7 @@ class _Stream:
         self.param = param
         self.request_id = request_id
         self.created = created
-        self.send: trio.MemorySendChannel[bytes] | None = None
+        self.output: StreamOutput | None = None
 
     async def run(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit, then stream. Reports an admission failure through `task_status`
@@ -164,15 +153,16 @@ class _Stream:
                 except APIError as exc:
                     task_status.started(exc)
                     return
-                # Unbounded, yet bounded by the request's own max_tokens: the consumers
-                # never wait on the socket, so the engine work ends (and its KV blocks
-                # are freed) as soon as generation does, however slow the reader.
-                self.send, receive = trio.open_memory_channel[bytes](math.inf)
-                task_status.started(receive)
+                # Its queue is unbounded, yet bounded by the request's own max_tokens:
+                # the consumers never wait on the socket, so the engine work ends (and
+                # its KV blocks are freed) as soon as generation does, however slow
+                # the reader.
+                self.output = StreamOutput(ChunkSocket.of(connection_send()))
+                task_status.started(self.output)
                 try:
-                    async with self.send:
-                        await self._stream(channels, drain_scope)
+                    await self._stream(channels, drain_scope)
                 finally:
+                    self.output.close()
                     run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
 
     async def _stream(self, channels: list[Any], drain_scope: trio.CancelScope) -> None:
@@ -188,12 +178,12 @@ class _Stream:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 error = errors.APIError(500, "Internal server error.", "internal_server_error")
                 self._emit(error.body())
-                assert self.send is not None
-                self.send.send_nowait(sse.DONE)
+                assert self.output is not None
+                self.output.put(sse.DONE)
 
     def _emit(self, obj: Any) -> None:
-        assert self.send is not None
-        self.send.send_nowait(sse.event(obj))
+        assert self.output is not None
+        self.output.put(sse.event(obj))
 
     def _chunk(self, choice: ChoiceState, body: dict[str, Any]) -> None:
         chunk = fmt.envelope(
@@ -236,5 +226,5 @@ class _Stream:
             )
             chunk["usage"] = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
             self._emit(chunk)
-        assert self.send is not None
-        self.send.send_nowait(sse.DONE)
+        assert self.output is not None
+        self.output.put(sse.DONE)

@@ -35,7 +35,7 @@ class ImmediateSendTCPServer(TCPServer):
         once; otherwise cancellation behaves as in hypercorn (a send in progress is
         shielded, so a response is never cut in the middle of a write)."""
         if isinstance(event, RawData) and not self.send_lock.locked():
-            fd = _plain_socket_fd(self.stream)
+            fd = plain_socket_fd(self.stream)
             if fd is not None:
                 data = event.data
                 try:
@@ -65,7 +65,8 @@ class ImmediateSendTCPServer(TCPServer):
             self.send_lock.release()
 
 
-def _plain_socket_fd(stream: object) -> int | None:
+def plain_socket_fd(stream: object) -> int | None:
+    """The file descriptor of a plain TCP `trio.SocketStream`; None for anything else."""
     if type(stream) is not trio.SocketStream:
         return None  # TLS (trio.SSLStream) or something else: hypercorn's path
     fd = stream.socket.fileno()
