@@ -218,6 +218,7 @@ async def test_engine_baseline_brackets_each_level(bench_server: RunningServer) 
         "--output-tokens", str(OUTPUT_TOKENS),
         "--warmup", "1",
         "--no-progress",
+        "--paired-rounds", "0",
     )  # fmt: skip
     baseline = _ScriptedBaseline([100.0, 300.0, 50.0, 70.0])
     with trio.fail_after(30):
@@ -238,6 +239,57 @@ async def test_engine_baseline_brackets_each_level(bench_server: RunningServer) 
         (2, round(second.prompt_tokens_mean), OUTPUT_TOKENS, 8),
     ]
     assert "engine_tok_s_bracket" in first.to_dict()
+
+
+async def test_paired_rounds_alternate_which_side_goes_first(bench_server: RunningServer) -> None:
+    """After the level, each paired round sends `concurrency` requests together and runs
+    one engine batch of that size; even rounds start with the server, odd ones with
+    the engine, and the share is each side's total tokens over its total time."""
+    args = _args(
+        "--url", bench_server.url,
+        "--concurrency", "2",
+        "--num-requests", "2",
+        "--output-tokens", str(OUTPUT_TOKENS),
+        "--warmup", "0",
+        "--no-progress",
+        "--paired-rounds", "3",
+    )  # fmt: skip
+    generated: list[int] = []
+
+    class Baseline(_ScriptedBaseline):
+        async def rate(self, *ask: int) -> float:
+            generated.append(bench_server.state.engine.stats().generation_tokens_total)
+            return await super().rate(*ask)
+
+    baseline = Baseline([100.0, 100.0, 50.0, 100.0, 200.0])
+    with trio.fail_after(30):
+        (report,), _ = await run_sweep(args, cast(Any, baseline))
+    per_round = 2 * OUTPUT_TOKENS  # two requests of OUTPUT_TOKENS each
+    # bracket before, level, bracket after, then server | engine, engine | server, server | engine
+    assert generated == [0, per_round, 2 * per_round, 2 * per_round, 4 * per_round]
+    assert [call[0] for call in baseline.calls] == [2] * 5
+    assert [call[3] for call in baseline.calls[2:]] == [1, 1, 1]  # one batch per round
+    assert report.paired_rounds is not None
+    assert [engine for _, engine in report.paired_rounds] == [50.0, 100.0, 200.0]
+    server = [tok_s for tok_s, _ in report.paired_rounds]
+    assert all(tok_s > 0 for tok_s in server)
+    expected = (1 / 50 + 1 / 100 + 1 / 200) / sum(1 / tok_s for tok_s in server)
+    assert report.paired_fraction == pytest.approx(expected)
+    assert report.to_dict()["paired_fraction"] == report.paired_fraction
+
+
+def test_paired_fraction_is_total_tokens_over_total_time() -> None:
+    from sluiceway.bench.serve_report import LevelReport
+
+    report = LevelReport(
+        concurrency=1, requests=1, completed=1, failed=0, timed_out=False, duration_s=1.0,
+        output_tokens=1, prompt_tokens_mean=None, output_tok_s=1.0, requests_s=1.0,
+        ttft_s={}, itl_s={}, paired_rounds=[(90.0, 100.0), (45.0, 50.0)],
+    )  # fmt: skip
+    # 1/100 + 1/50 = 0.03 s per token for the engine, 1/90 + 1/45 = 0.0333 for the server
+    assert report.paired_fraction == pytest.approx(0.9)
+    report.paired_rounds = []
+    assert report.paired_fraction is None
 
 
 async def test_engine_rate_is_total_tokens_over_total_time(

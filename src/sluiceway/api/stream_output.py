@@ -39,6 +39,9 @@ class _Rest:
 
 
 class StreamOutput:
+    """One streaming response's output; `direct` is its socket's chunk writer, or
+    None where there is none (every event then goes through the body)."""
+
     def __init__(self, direct: ChunkWriter | None = None) -> None:
         self._direct = direct
         self._rest_writer = direct  # kept when `_direct` is dropped after an error

@@ -124,6 +124,13 @@ def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["int8", "int4"],
         help="quantization for --engine-baseline (match the server's)",
     )
+    o.add_argument(
+        "--paired-rounds",
+        type=int,
+        default=8,
+        help="with --engine-baseline: after each level, this many rounds of `concurrency` "
+        "requests sent together, each paired with an engine batch of the same size (0: none)",
+    )
     o.add_argument("--json-out", default=None, help="write the report as JSON here")
     o.add_argument("--plot-out", default=None, help="write a PNG plot here")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -155,8 +162,9 @@ def _prompts(args: argparse.Namespace, total: int) -> list[str]:
 async def run_sweep(
     args: argparse.Namespace, baseline: EngineBaseline | None = None
 ) -> tuple[list[LevelReport], dict[str, Any]]:
-    """Run the whole sweep against `args.url` (and `baseline` before and after each level);
-    returns the per-level reports and the configuration that produced them."""
+    """Run the whole sweep against `args.url` (and `baseline` before and after each
+    level, then in `args.paired_rounds` paired rounds); returns the per-level reports
+    and the configuration that produced them."""
     from tqdm import tqdm
 
     url = root_url(args.url)
@@ -220,6 +228,19 @@ async def run_sweep(
                     )
                     report.engine_tok_s_bracket = (before, after)
                     report.engine_tok_s = (before + after) / 2
+                if baseline is not None and args.paired_rounds > 0:
+                    bar.set_description(f"paired rounds at {concurrency}")
+                    report.paired_rounds = await paired_rounds(
+                        origin,
+                        spec,
+                        prompts,
+                        baseline,
+                        concurrency=concurrency,
+                        prompt_tokens=prompt_tokens,
+                        output_tokens=args.output_tokens,
+                        pairs=args.paired_rounds,
+                        max_duration=args.max_duration,
+                    )
                 reports.append(report)
     config = {
         "url": url,
@@ -236,10 +257,55 @@ async def run_sweep(
     return reports, config
 
 
+async def paired_rounds(
+    origin: Origin,
+    spec: LoadSpec,
+    prompts: Sequence[str],
+    baseline: EngineBaseline,
+    *,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    pairs: int,
+    max_duration: float,
+) -> list[tuple[float, float]]:
+    """(server tok/s, engine tok/s) of `pairs` rounds. A round sends `concurrency`
+    requests to the server together and waits for all of them, and runs one engine
+    batch of as many sequences: both sides then do the same work in the same shape
+    (a static batch, prefill included). The side that goes first alternates, and
+    each pair is seconds apart, so a machine whose speed drifts favours neither."""
+    out = []
+    for i in range(pairs):
+
+        async def server() -> float:
+            run = await run_level(
+                origin,
+                spec,
+                prompts,
+                concurrency=concurrency,
+                num_requests=concurrency,
+                max_duration=max_duration,
+            )
+            return summarize(run).output_tok_s
+
+        async def engine() -> float:
+            return await baseline.rate(concurrency, prompt_tokens, output_tokens, 1)
+
+        if i % 2 == 0:
+            server_tok_s = await server()
+            engine_tok_s = await engine()
+        else:
+            engine_tok_s = await engine()
+            server_tok_s = await server()
+        out.append((server_tok_s, engine_tok_s))
+    return out
+
+
 class EngineBaseline:
     """The in-process engine (the `sluiceway bench engine` measurement: random-token
     prompts, greedy, ignore_eos), loaded once and timed at one batch size at a time,
-    right before and right after the server's level at the same concurrency.
+    right before and right after the server's level at the same concurrency, and in
+    rounds paired with the server's (`paired_rounds`).
 
     Built like the server's engine (`load_bundle_on_thread`): loading and every
     measurement run on `thread`. Torch work spread over two OS threads runs two
@@ -324,6 +390,9 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             "prompt_tokens": "the mean prompt tokens the server last reported (usage), random ids",
             "timing": "before and after each level, as many batches as the level has rounds "
             f"(at most {_MAX_BASELINE_ROUNDS}); engine_tok_s is their mean",
+            "paired_rounds": f"{args.paired_rounds} rounds per level of `concurrency` requests "
+            "sent together, each paired with one engine batch of the same size, the first side "
+            "alternating; paired_fraction is server over engine, total tokens over total time",
         }
     print(
         f"\n{config['api']} streaming, {args.output_tokens} output tokens per request, "
@@ -338,6 +407,19 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             if bracket is not None:
                 line += f" (engine {bracket[0]:.1f} tok/s before the level, {bracket[1]:.1f} after)"
             print(line)
+        if any(r.paired_fraction is not None for r in reports):
+            print(
+                "\nthe same in paired rounds (requests sent together, each round next to an "
+                "engine batch of its size):"
+            )
+            for r in reports:
+                if r.paired_fraction is None or not r.paired_rounds:
+                    continue
+                ratios = sorted(s / e for s, e in r.paired_rounds)
+                print(
+                    f"  concurrency {r.concurrency}: {r.paired_fraction:.0%} "
+                    f"({len(ratios)} rounds, from {ratios[0]:.0%} to {ratios[-1]:.0%})"
+                )
     failed = sum(r.failed for r in reports)
     if failed:
         examples = [e for r in reports for e in r.errors]

@@ -58,6 +58,9 @@ class LevelReport:
     # server, the server loses that much CPU to the measurement.
     client_cpu_us_per_token: float | None = None
     errors: list[str] = attrs.field(factory=list)
+    # Rounds of `concurrency` requests sent together, each paired with one engine batch
+    # of the same size run right before or after it: (server tok/s, engine tok/s).
+    paired_rounds: list[tuple[float, float]] | None = None
 
     @property
     def engine_fraction(self) -> float | None:
@@ -65,9 +68,19 @@ class LevelReport:
             return None
         return self.output_tok_s / self.engine_tok_s
 
+    @property
+    def paired_fraction(self) -> float | None:
+        """The server's tok/s over the engine's across the paired rounds, each side's
+        total tokens over its total time (every round asks for the same tokens)."""
+        rounds = self.paired_rounds
+        if not rounds or any(s <= 0 or e <= 0 for s, e in rounds):
+            return None
+        return sum(1 / e for _, e in rounds) / sum(1 / s for s, _ in rounds)
+
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
         out["engine_fraction"] = self.engine_fraction
+        out["paired_fraction"] = self.paired_fraction
         return out
 
 
