@@ -17,6 +17,7 @@ from server_helpers import (
     RawStream,
     StreamResult,
     chat,
+    count_content,
     eventually,
     finished_total,
     parse_event,
@@ -95,16 +96,27 @@ def test_frame_matches_h11s_chunk_writer():
 
 
 async def test_streamed_events_go_straight_to_the_socket(
-    start_server: Any, monkeypatch: pytest.MonkeyPatch
+    start_server: Any, runner: ScriptedRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes = DirectWrites(monkeypatch)
     request = chat("direct", max_tokens=20, stream=True, stream_options={"include_usage": True})
+    runner.gated = True
     async with start_server() as server:
-        direct = await fetch(server.url, request)
+        raw = await RawStream.post(server.url, CHAT, request)
+        with trio.fail_after(20):
+            await raw.read_until(lambda buf: b'"role":"assistant"' in buf)
+            for k in range(1, 21):
+                runner.allow(1)  # one step, one token, once the reader has the last one
+                await raw.read_until(lambda buf, k=k: count_content(buf) >= k)
+            await raw.read_to_end()
+        await raw.aclose()
+        runner.open()
         monkeypatch.setattr(ChunkSocket, "of", classmethod(lambda cls, send: None))
         through_asgi = await fetch(server.url, request)
-    assert writes.calls > 0  # the installed hypercorn and h11 still allow the direct path
-    status, body = parse_response(direct)
+    # Every token's event, the usage chunk and [DONE] found the body idle and nothing
+    # queued (the role chunk may have come before the response head): all direct.
+    assert writes.calls >= 22 and writes.partial == 0
+    status, body = parse_response(raw.buffer)
     assert status == 200
     result = events(body)
     result.check_well_formed()
