@@ -157,3 +157,25 @@ async def test_a_reader_that_falls_behind_gets_every_event_in_order(
     result.check_well_formed()
     assert result.texts() == expected.texts()
     assert len(result.chunks) == len(expected.chunks)
+
+
+async def test_an_http_1_0_reader_gets_an_unframed_stream(
+    start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No chunked framing in HTTP/1.0: the body ends when the connection closes, and
+    the direct path, which writes chunks, stays out of the way."""
+    writes = DirectWrites(monkeypatch)
+    async with start_server() as server:
+        raw = await RawStream.connect(server.url)
+        request = RawStream.request_bytes(server.url, CHAT, chat("old", max_tokens=5, stream=True))
+        await raw.sock.send_all(request.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+        with trio.fail_after(20):
+            await raw.read_to_end()  # until the server closes the connection
+        await raw.aclose()
+    assert writes.calls == 0
+    head, _, body = raw.buffer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+    assert all(line.startswith(b"data: ") for line in body.split(b"\n") if line)
+    result = events(body)
+    result.check_well_formed()
+    assert result.finish_reasons() == {0: "length"}

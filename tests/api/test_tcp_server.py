@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
+import h11
 import pytest
 import trio
 import trio.testing
@@ -14,6 +16,7 @@ from hypercorn.events import Closed, RawData
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.worker_context import WorkerContext
 
+from server_helpers import CHAT, RawStream, chat
 from sluiceway.api import tcp_server
 from sluiceway.api.tcp_server import ImmediateSendTCPServer
 
@@ -140,3 +143,56 @@ async def test_streams_that_are_not_plain_sockets_take_hypercorns_path():
     with trio.testing.assert_checkpoints():
         await server.protocol_send(RawData(data=b"data: 1\n\n"))
     assert await far.receive_some() == b"data: 1\n\n"
+
+
+async def _read_until_closed(sock: trio.SocketStream) -> bytes:
+    got = b""
+    with trio.fail_after(20):
+        while chunk := await sock.receive_some(65536):
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_response_to_connection_close_ends_the_connection(
+    start_server: Any, stream: bool
+) -> None:
+    """hypercorn keeps such a connection open (its issue #330): a client waiting for
+    the end of the connection, as HTTP/1.0 and `Connection: close` clients may,
+    would wait forever."""
+    async with start_server() as server:
+        raw = await RawStream.connect(server.url)
+        body = chat("bye", max_tokens=3, stream=stream)
+        await raw.sock.send_all(
+            RawStream.request_bytes(server.url, CHAT, body)
+        )  # Connection: close
+        got = await _read_until_closed(raw.sock)
+        await raw.aclose()
+    assert got.startswith(b"HTTP/1.1 200")
+    assert (b"data: [DONE]" in got) if stream else got.endswith(b"}")
+
+
+async def test_keep_alive_connections_stay_open(start_server: Any) -> None:
+    async with start_server() as server:
+        raw = await RawStream.connect(server.url)
+        request = RawStream.request_bytes(server.url, CHAT, chat("again", max_tokens=2))
+        request = request.replace(b"Connection: close\r\n", b"")
+        client = h11.Connection(h11.CLIENT)
+        with trio.fail_after(20):
+            for _ in range(3):  # three requests, one connection
+                await raw.sock.send_all(request)
+                client.send(h11.Request(method="POST", target=CHAT, headers=[("Host", "x")]))
+                client.send(h11.EndOfMessage())
+                status = 0
+                while (event := client.next_event()) is not h11.PAUSED:
+                    if event is h11.NEED_DATA:
+                        client.receive_data(await raw.sock.receive_some(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    elif isinstance(event, h11.ConnectionClosed):
+                        raise AssertionError("the server closed a keep-alive connection")
+                assert status == 200
+                client.start_next_cycle()
+        await raw.aclose()

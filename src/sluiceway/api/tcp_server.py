@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
+import h11
 import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio import run as hypercorn_run
@@ -33,7 +34,13 @@ class ImmediateSendTCPServer(TCPServer):
     async def protocol_send(self, event: Event) -> None:
         """Send `event` as hypercorn would. Not a checkpoint when the bytes go out at
         once; otherwise cancellation behaves as in hypercorn (a send in progress is
-        shielded, so a response is never cut in the middle of a write)."""
+        shielded, so a response is never cut in the middle of a write). After the
+        last bytes of a response that must end its connection, half-closes it."""
+        await self._send_event(event)
+        if isinstance(event, RawData) and self._response_must_close():
+            await self._end_of_connection()
+
+    async def _send_event(self, event: Event) -> None:
         if isinstance(event, RawData) and not self.send_lock.locked():
             fd = plain_socket_fd(self.stream)
             if fd is not None:
@@ -63,6 +70,29 @@ class ImmediateSendTCPServer(TCPServer):
             await self.protocol.handle(Closed())
         finally:
             self.send_lock.release()
+
+
+    def _response_must_close(self) -> bool:
+        # h11 says so after a response to HTTP/1.0 without keep-alive or to
+        # `Connection: close`. `self.protocol` is hypercorn's ProtocolWrapper.
+        protocol = getattr(getattr(self, "protocol", None), "protocol", None)
+        connection = getattr(protocol, "connection", None)
+        return isinstance(connection, h11.Connection) and connection.our_state is h11.MUST_CLOSE
+
+    async def _end_of_connection(self) -> None:
+        """hypercorn leaves a connection open after a response that h11 says must be
+        its last (hypercorn issue #330), so a client reading a body that ends with
+        the connection (HTTP/1.0 streaming) waited forever. Half-close it instead:
+        the client sees the end and closes, and hypercorn's read loop then closes
+        the rest. TLS streams are left to hypercorn."""
+        if type(self.stream) is not trio.SocketStream:
+            return
+        async with self.send_lock:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.stream.send_eof()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # already gone
 
 
 def plain_socket_fd(stream: object) -> int | None:
