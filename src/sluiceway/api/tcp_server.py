@@ -16,6 +16,9 @@ take goes out through hypercorn's own locked, shielded path before anything else
 can be sent, so bytes are never reordered or torn. TLS streams, a held lock and a
 failed write all take hypercorn's path unchanged (which reports a closed
 connection the usual way).
+
+It also half-closes a connection after a response that must be its last (HTTP/1.0,
+`Connection: close`), which hypercorn leaves open (`_end_of_connection`).
 """
 
 from __future__ import annotations
