@@ -11,6 +11,7 @@ from typing import Any
 import h11
 import pytest
 import trio
+import trio.testing
 
 from server_helpers import (
     CHAT,
@@ -18,8 +19,6 @@ from server_helpers import (
     StreamResult,
     chat,
     count_content,
-    eventually,
-    finished_total,
     parse_event,
 )
 from sluiceway.api.chunk_socket import ChunkSocket, frame
@@ -74,12 +73,14 @@ def events(body: bytes) -> StreamResult:
 
 async def fetch(url: str, body: dict[str, Any], *, read_after: Any = None) -> bytes:
     """The whole raw response; with `read_after`, a small receive buffer and no
-    reading until `await read_after()` returns."""
+    reading past the response head until `await read_after()` returns."""
     raw = await RawStream.connect(url)
     if read_after is not None:
         raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     await raw.sock.send_all(RawStream.request_bytes(url, CHAT, body))
     if read_after is not None:
+        with trio.fail_after(20):
+            await raw.read_until(lambda buf: b"\r\n\r\n" in buf)  # the request is admitted
         await read_after()
     with trio.fail_after(20):
         await raw.read_to_end()
@@ -145,7 +146,9 @@ async def test_a_reader_that_falls_behind_gets_every_event_in_order(
     async with start_server() as server:
 
         async def generated() -> None:  # the engine is done; the events wait for the reader
-            await eventually(lambda: finished_total(server) == 1)
+            with trio.fail_after(20):
+                await server.state.engine.wait_idle()
+                await trio.testing.wait_all_tasks_blocked()  # writes stuck on the full socket
 
         behind = await fetch(server.url, request, read_after=generated)
         monkeypatch.setattr(ChunkSocket, "of", classmethod(lambda cls, send: None))
