@@ -4,6 +4,8 @@ together as one write."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -47,6 +49,17 @@ async def drain(output: StreamOutput, socket: FakeChunkSocket | None = None) -> 
         if socket is not None:
             socket.wire.append(b"[" + chunk + b"]")
     return writes
+
+
+async def body_sending_a(output: StreamOutput, socket: FakeChunkSocket) -> Any:
+    """Queue "a" before the socket is ready, then let the body take it: the body is
+    left in the middle of sending "a" (quart's send), and is returned."""
+    socket.is_ready = False
+    output.put(b"a")
+    socket.is_ready = True
+    body = output.body()
+    assert await body.__anext__() == b"a"
+    return body
 
 
 async def test_events_that_queued_up_go_out_as_one_write():
@@ -106,11 +119,7 @@ async def test_a_partial_write_sends_its_rest_before_anything_else():
 async def test_puts_while_the_body_sends_queue_behind_it():
     socket = FakeChunkSocket()
     output = StreamOutput(socket)
-    socket.is_ready = False
-    output.put(b"a")
-    socket.is_ready = True
-    body = output.body()
-    assert await body.__anext__() == b"a"  # quart is now sending "a"
+    body = await body_sending_a(output, socket)  # quart is now sending "a"
     output.put(b"b")  # so this must wait behind it
     assert socket.wire == []
     got: list[bytes] = []
@@ -142,12 +151,8 @@ async def test_a_failed_direct_write_falls_back_to_the_body_for_good():
 async def test_puts_after_the_body_is_gone_raise_broken():
     socket = FakeChunkSocket()
     output = StreamOutput(socket)
-    socket.is_ready = False
-    output.put(b"a")
-    body = output.body()
-    assert await body.__anext__() == b"a"
+    body = await body_sending_a(output, socket)
     await body.aclose()  # quart closes the body when the response ends early
-    socket.is_ready = True
     with pytest.raises(trio.BrokenResourceError):
         output.put(b"b")
     assert socket.wire == []
