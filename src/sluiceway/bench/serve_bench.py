@@ -274,23 +274,23 @@ async def paired_rounds(
     batch of as many sequences: both sides then do the same work in the same shape
     (a static batch, prefill included). The side that goes first alternates, and
     each pair is seconds apart, so a machine whose speed drifts favours neither."""
+
+    async def server() -> float:
+        run = await run_level(
+            origin,
+            spec,
+            prompts,
+            concurrency=concurrency,
+            num_requests=concurrency,
+            max_duration=max_duration,
+        )
+        return summarize(run).output_tok_s
+
+    async def engine() -> float:
+        return await baseline.rate(concurrency, prompt_tokens, output_tokens, 1)
+
     out = []
     for i in range(pairs):
-
-        async def server() -> float:
-            run = await run_level(
-                origin,
-                spec,
-                prompts,
-                concurrency=concurrency,
-                num_requests=concurrency,
-                max_duration=max_duration,
-            )
-            return summarize(run).output_tok_s
-
-        async def engine() -> float:
-            return await baseline.rate(concurrency, prompt_tokens, output_tokens, 1)
-
         if i % 2 == 0:
             server_tok_s = await server()
             engine_tok_s = await engine()
