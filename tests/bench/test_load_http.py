@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from functools import partial
 
 import h11
 import pytest
 import trio
 
-from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_data
+from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, Response, sse_events
 from sluiceway.bench.serve_load import LoadSpec, _probe_health, timed_request
 
 Reply = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
@@ -97,24 +97,27 @@ def streamed_reply(*, close: bool = False) -> Reply:
     return reply
 
 
-async def _collect(chunks: list[bytes]) -> list[str]:
-    async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    async with aclosing(sse_data(body())) as events:
-        return [e async for e in events]
-
-
-async def test_sse_data_reassembles_events_split_anywhere() -> None:
+def test_sse_events_end_where_their_blank_line_ends() -> None:
     stream = (
         b": comment\r\nevent: x\r\ndata: one\r\n\r\ndata: two\ndata:  three\n\nid: 4\n\ndata: last"
     )
-    whole = await _collect([stream])
-    assert whole == ["one", "two\n three"]  # "last" never got its blank line
-    for cut in range(1, len(stream)):  # every split point, CRLF halves included
-        assert await _collect([stream[:cut], stream[cut:]]) == whole, cut
-    assert await _collect([bytes([b]) for b in stream]) == whole
+    events = list(sse_events(stream))
+    assert [data for _, data in events] == ["one", "two\n three"]  # "last" never ended
+    first = stream.index(b"\r\n\r\n") + 4
+    second = stream.index(b"\n\nid") + 2
+    assert [end for end, _ in events] == [first, second]
+
+
+def test_an_event_arrives_with_the_read_that_brought_its_last_byte() -> None:
+    response = Response(200, b"x" * 30, 0.0, 4.0, ((1.0, 10), (2.0, 20), (3.0, 30)))
+    assert [response.arrival(end) for end in (1, 10, 11, 20, 21, 30)] == [
+        1.0,
+        1.0,
+        2.0,
+        2.0,
+        3.0,
+        3.0,
+    ]
 
 
 async def test_requests_reuse_one_connection_and_carry_path_and_headers() -> None:
@@ -177,8 +180,7 @@ async def test_errors_become_records_not_exceptions() -> None:
     assert record.error is not None and "LoadHTTPError" in record.error
     refused = Connection(Origin.from_url(url))  # that server is gone now
     with pytest.raises(LoadHTTPError, match="connect failed"):
-        async with refused.post("/v1/completions", b"{}"):
-            pass
+        await refused.request("POST", "/v1/completions", b"{}")
 
 
 def test_origin_from_url() -> None:
@@ -216,3 +218,73 @@ async def test_health_probe_times_good_answers_and_counts_bad_ones() -> None:
     assert failures == [1] and len(latencies) >= 2
     assert {target for _, target, _ in log} == {"/health"}
     assert {n for n, *_ in log} == {0}  # one kept-alive connection
+
+
+def stalled_reply(sent: trio.Event, client_left: trio.Event) -> Reply:
+    """Sends the head and one event, then waits for the client to go away."""
+
+    async def reply(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        if sent.is_set():  # a later request is answered in full
+            return await streamed_reply()(conn, stream, request, body)
+        headers = [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked")]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+        await stream.send_all(conn.send(h11.Data(data=sse_body("{}"))) or b"")
+        sent.set()
+        while await stream.receive_some(65536):
+            pass
+        client_left.set()
+        return False
+
+    return reply
+
+
+async def test_a_cancelled_request_stops_its_thread_and_the_next_one_reconnects() -> None:
+    sent, client_left = trio.Event(), trio.Event()
+    spec = LoadSpec(model="m", output_tokens=2)
+    async with scripted_server(stalled_reply(sent, client_left)) as (url, log):
+        connection = Connection(Origin.from_url(url))
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(timed_request, connection, spec, "p")
+                await sent.wait()
+                scope.cancel()
+        with trio.fail_after(10):  # a guard: the shut-down socket ends the thread's read
+            await client_left.wait()
+        record = await timed_request(connection, spec, "again")
+        await connection.aclose()
+    assert record.error is None and record.usage_tokens == 2
+    assert [n for n, *_ in log] == [0, 1]  # the second request on a fresh connection
+
+
+async def test_closing_a_connection_stops_the_read_in_progress() -> None:
+    sent, client_left = trio.Event(), trio.Event()
+    async with scripted_server(stalled_reply(sent, client_left)) as (url, _):
+        connection = Connection(Origin.from_url(url))
+        async with trio.open_nursery() as nursery:
+
+            async def request() -> None:
+                with pytest.raises(LoadHTTPError):
+                    await connection.request("POST", "/v1/completions", b"{}")
+
+            nursery.start_soon(request)
+            await sent.wait()
+            await connection.aclose()
+        with trio.fail_after(10):
+            await client_left.wait()
+
+
+async def test_a_body_that_ends_with_the_connection() -> None:
+    async def http10_style(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        await stream.send_all(sse_body('{"choices":[{"delta":{"content":"hi"}}]}', "[DONE]"))
+        return False  # closing the connection ends the body
+
+    async with scripted_server(http10_style) as (url, _):
+        connection = Connection(Origin.from_url(url))
+        record = await timed_request(connection, LoadSpec(model="m"), "p")
+        await connection.aclose()
+    assert record.error is None and len(record.chunk_times) == 1

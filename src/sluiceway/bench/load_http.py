@@ -1,28 +1,41 @@
-"""The load generator's HTTP: one kept-alive HTTP/1.1 connection per worker, h11 over
-trio streams, and the `data:` payloads of a server-sent event stream.
+"""The load generator's HTTP: one kept-alive HTTP/1.1 connection per worker, read with a
+blocking socket on a worker thread and parsed by httptools (llhttp); the server-sent
+events of a streamed body are split after the response has ended.
 
-The load generator runs on the machine it measures. Through httpx and httpx-sse it
-spent 98-99 us of CPU per streamed token at 32 streams and 251-258 at one stream
-(fake model, real HTTP stack); through this path `sluiceway bench serve` spends
-55-67 and 195-202 (process CPU time over the same load). On a 2-core machine every
-such microsecond is taken from the server: 110 us more per token cost 8% of the
-server's throughput at 32 streams (8 alternating pairs). The streamed requests and
-the health probe (a GET every 50 ms while the load runs) come here; the one-off
-model listing still uses httpx.
+The load generator runs on the machine it measures, so its CPU per streamed token is
+taken from the server. Through h11 on trio streams it cost 222-241 us at one stream
+(real int4 model): trio's own wake-up per arriving token was about 110 of that (trio
+streams with no parsing at all: 149 us; a blocking socket on a thread: 41), h11, the
+SSE split and JSON per event about 90. Here each read is fed to llhttp (0.2 us per
+event against h11's 5, warm) and noted with its time and the body's length so far,
+and the events are split, matched to the read that completed them and parsed once the
+response is complete. Against the h11 client, alternating client processes on one
+int4 server (`docs/benchmarks.md`, "Eleventh session"): 61 against 222 us per token
+at one stream, the server x1.032 faster (median, in 10 of 12 pairs); 43 against 93
+at 8 streams, x1.050 (8 of 10); 35 against 57 at 32 streams, no change (11 of 22).
+
+Timings are what the client saw: an event's time is when the read that completed it
+returned, which is when a streaming parser would have yielded it.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import socket
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+import threading
+import time
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import attrs
-import h11
+import httptools
 import trio
 
 _READ_SIZE = 65536
+CONNECT_TIMEOUT = 30.0
+CLOSE_WAIT = 1.0  # an exchange's thread ends within its next read once stopped
 
 
 class LoadHTTPError(Exception):
@@ -57,132 +70,219 @@ class Origin:
 
 
 @attrs.frozen
-class StreamedResponse:
-    """A response whose body is read as it arrives."""
+class Response:
+    """A whole response and when its bytes came (`time.perf_counter`). `started` is
+    when the exchange began (before connecting, when it had to), `finished` when the
+    response's last byte was read; `arrivals` holds, for each read that brought body
+    bytes, its time and the body's length after it (both ascending)."""
 
     status_code: int
-    body: AsyncGenerator[bytes, None]
+    body: bytes
+    started: float
+    finished: float
+    arrivals: tuple[tuple[float, int], ...]
+
+    def arrival(self, end: int) -> float:
+        """When the body's first `end` bytes had all arrived (`end` >= 1)."""
+        i = bisect.bisect_left(self.arrivals, end, key=lambda a: a[1])
+        return self.arrivals[min(i, len(self.arrivals) - 1)][0]
+
+
+class _Reader:
+    """httptools' callbacks for one response."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.keep_alive = False
+        self.status_code = 0
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.headers_done = False
+        self.complete = False
+        self.delimited = False  # by a Content-Length or chunked encoding, not by the close
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.delimited = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.status_code = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+        self.size += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        # Only now: once `feed_data` returns, llhttp has reset for the next message.
+        self.keep_alive = self.parser.should_keep_alive()
+
+
+class _Abort:
+    """Stops one exchange from another thread: shuts its socket down, so a blocked
+    read returns at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.requested = False
+
+    def watch(self, sock: socket.socket) -> None:
+        """The exchange reads `sock` from now on; raises if it was already stopped."""
+        with self._lock:
+            self._sock = sock
+            if self.requested:
+                raise LoadHTTPError("the request was cancelled")
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.requested = True
+            sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed or never connected
 
 
 class Connection:
     """One worker's connection: requests go one after another and the connection is
     kept between them; it is opened on first use and again after the server closed
-    it. Not for concurrent use."""
+    it. Each exchange runs on a thread of its own (`request`), one at a time."""
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
-        self._stream: trio.abc.Stream | None = None
-        self._h11 = h11.Connection(h11.CLIENT)
+        self._sock: socket.socket | None = None  # touched only by the exchange's thread
+        self._one_at_a_time = trio.CapacityLimiter(1)
+        self._abort: _Abort | None = None
 
-    async def _open(self) -> trio.abc.Stream:
-        if self.origin.scheme == "https":
-            return await trio.open_ssl_over_tcp_stream(
-                self.origin.host, self.origin.port, ssl_context=ssl.create_default_context()
+    async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
+        """Send one request (`body`, if any, as JSON) and read its whole response on a
+        worker thread. Raises LoadHTTPError when the connection fails or the server
+        breaks HTTP. On cancellation returns at once and shuts the socket down, so
+        the thread ends at its next read; the next request waits for that thread and
+        then opens a fresh connection."""
+        abort = self._abort = _Abort()
+        exchange = functools.partial(self._exchange, method, path, body, abort)
+        try:
+            return await trio.to_thread.run_sync(
+                exchange, abandon_on_cancel=True, limiter=self._one_at_a_time
             )
-        return await trio.open_tcp_stream(self.origin.host, self.origin.port)
+        except BaseException:
+            abort()  # a no-op after a failed exchange, which closed its socket already
+            raise
 
-    def post(self, path: str, body: bytes) -> AbstractAsyncContextManager[StreamedResponse]:
-        """POST `body` (JSON) to `path`; see `request`."""
-        return self.request("POST", path, body)
+    async def aclose(self) -> None:
+        """Close the connection (the next request reconnects); idempotent. An exchange
+        still running on its thread is stopped and waited for, shielded from
+        cancellation, for at most `CLOSE_WAIT` seconds; one that is still connecting
+        then closes its socket itself once the connect returns."""
+        if self._abort is not None:
+            self._abort()
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_WAIT):
+            async with self._one_at_a_time:
+                self._close()
 
-    @asynccontextmanager
-    async def request(
-        self, method: str, path: str, body: bytes | None = None
-    ) -> AsyncIterator[StreamedResponse]:
-        """Send one request (`body`, if any, as JSON); yields the response with its body
-        unread. Raises LoadHTTPError when the connection fails. Leaving the block
-        before the body's end (or by an exception, or cancellation) closes the
-        connection, so the next request opens a fresh one."""
-        if self._h11.our_state is h11.MUST_CLOSE or self._h11.their_state is h11.MUST_CLOSE:
-            await self.aclose()
-        if self._stream is None:
-            try:
-                self._stream = await self._open()
-            except OSError as exc:
-                raise LoadHTTPError(f"connect failed: {exc}") from exc
-            self._h11 = h11.Connection(h11.CLIENT)
+    # ---- on the exchange's thread ---------------------------------------------------
+
+    def _exchange(self, method: str, path: str, body: bytes | None, abort: _Abort) -> Response:
+        started = time.perf_counter()
+        try:
+            if self._sock is None:
+                self._sock = self._open()
+            abort.watch(self._sock)
+            self._sock.sendall(self._head(method, path, body) + (body or b""))
+            response, keep = self._read(self._sock, started)
+        except BaseException:
+            self._close()
+            raise
+        if not keep or abort.requested:
+            self._close()
+        return response
+
+    def _open(self) -> socket.socket:
+        try:
+            sock = socket.create_connection(
+                (self.origin.host, self.origin.port), timeout=CONNECT_TIMEOUT
+            )
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.origin.scheme == "https":
+                context = ssl.create_default_context()
+                sock = context.wrap_socket(sock, server_hostname=self.origin.host)
+        except OSError as exc:
+            raise LoadHTTPError(f"connect failed: {exc}") from exc
+        return sock
+
+    def _head(self, method: str, path: str, body: bytes | None) -> bytes:
         headers = [("Host", self.origin.host_header), *self.origin.headers]
         if body is not None:
             headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-        target = self.origin.path_prefix + path
-        request = h11.Request(method=method, target=target, headers=headers)
-        finished = False
-        try:
-            out = self._h11.send(request) or b""
-            if body is not None:
-                out += self._h11.send(h11.Data(data=body)) or b""
-            await self._send(out + (self._h11.send(h11.EndOfMessage()) or b""))
-            response = await self._next_event()
-            if not isinstance(response, h11.Response):
-                raise LoadHTTPError(f"expected a response, got {type(response).__name__}")
+        lines = [f"{method} {self.origin.path_prefix + path} HTTP/1.1"]
+        lines += [f"{name}: {value}" for name, value in headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-            async def read_body() -> AsyncGenerator[bytes, None]:
-                nonlocal finished
-                while True:
-                    event = await self._next_event()
-                    if isinstance(event, h11.Data):
-                        yield bytes(event.data)
-                    elif isinstance(event, h11.EndOfMessage):
-                        finished = True
-                        return
-
-            yield StreamedResponse(response.status_code, read_body())
-        finally:
-            if finished and self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
-                self._h11.start_next_cycle()
-            else:
-                await self.aclose()
-
-    async def _send(self, data: bytes) -> None:
-        assert self._stream is not None
-        try:
-            await self._stream.send_all(data)
-        except (OSError, trio.BrokenResourceError) as exc:
-            raise LoadHTTPError(f"send failed: {exc}") from exc
-
-    async def _next_event(self) -> h11.Event:
-        assert self._stream is not None
-        while True:
+    def _read(self, sock: socket.socket, started: float) -> tuple[Response, bool]:
+        """The response on `sock`, and whether the connection may carry another."""
+        reader = _Reader()
+        arrivals: list[tuple[float, int]] = []
+        # The loop runs once per streamed token: locals only, nothing else.
+        recv, feed, clock, note = (
+            sock.recv,
+            reader.parser.feed_data,
+            time.perf_counter,
+            arrivals.append,
+        )
+        now = started
+        while not reader.complete:
             try:
-                event = self._h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise LoadHTTPError(f"bad HTTP from the server: {exc}") from exc
-            if event is not h11.NEED_DATA:
-                if isinstance(event, h11.ConnectionClosed):
-                    raise LoadHTTPError("the server closed the connection mid-response")
-                return event  # type: ignore[return-value]
-            try:
-                data = await self._stream.receive_some(_READ_SIZE)
-            except (OSError, trio.BrokenResourceError) as exc:
+                data = recv(_READ_SIZE)
+            except OSError as exc:
                 raise LoadHTTPError(f"receive failed: {exc}") from exc
-            self._h11.receive_data(bytes(data))  # b"" is the end of the stream
+            now = clock()
+            if not data:
+                if reader.headers_done and not reader.delimited:
+                    break  # a body that ends with the connection
+                raise LoadHTTPError("the server closed the connection mid-response")
+            size = reader.size
+            try:
+                feed(data)
+            except httptools.HttpParserError as exc:
+                raise LoadHTTPError(f"bad HTTP from the server: {exc}") from exc
+            if reader.size > size:
+                note((now, reader.size))
+        keep = reader.complete and reader.keep_alive
+        body = b"".join(reader.parts)
+        response = Response(reader.status_code, body, started, now, tuple(arrivals))
+        return response, keep
 
-    async def aclose(self) -> None:
-        """Close the socket (the next request reconnects); idempotent."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
 
-async def sse_data(body: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
-    """The `data` of each server-sent event in `body`, in order (the lines of a
-    multi-line `data` joined with newlines); comments, other fields and events
-    without data are skipped, and so is an event the stream ends in the middle of
-    (as the SSE standard has it). Lines end in LF or CRLF."""
-    pending = b""
+def sse_events(body: bytes) -> Iterator[tuple[int, str]]:
+    """The server-sent events in `body`, in order, each as (the length of the body up
+    to and including the blank line that ends it, its `data`). The lines of a
+    multi-line `data` are joined with newlines; comments, other fields and events
+    without data are skipped, and so is an unfinished event at the end (as the SSE
+    standard has it). Lines end in LF or CRLF."""
     data: list[str] = []
-    async for chunk in body:
-        pending += chunk
-        # A CR at the end may be the first half of a CRLF split across chunks.
-        held = b"\r" if pending.endswith(b"\r") else b""
-        lines = pending[: len(pending) - len(held)].replace(b"\r\n", b"\n").split(b"\n")
-        pending = lines.pop() + held  # an unfinished line waits for the next chunk
-        for line in lines:
-            if not line:  # a blank line dispatches the event
-                if data:
-                    yield "\n".join(data)
-                    data = []
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                data.append((value[1:] if value.startswith(b" ") else value).decode())
+    start = 0
+    while True:
+        newline = body.find(b"\n", start)
+        if newline < 0:
+            return
+        line = body[start:newline]
+        start = newline + 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line:  # a blank line dispatches the event
+            if data:
+                yield start, "\n".join(data)
+                data = []
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            data.append((value[1:] if value.startswith(b" ") else value).decode())

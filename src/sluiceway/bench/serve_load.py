@@ -13,14 +13,13 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
 from typing import Any
 
 import attrs
 import httpx
 import trio
 
-from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_data
+from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, sse_events
 
 # A fixed, varied set of chat prompts (short questions, instructions, longer asks).
 BUILTIN_PROMPTS: tuple[str, ...] = (
@@ -152,32 +151,33 @@ def _take_chunk(record: RequestRecord, data: str, now: float) -> None:
 
 async def timed_request(connection: Connection, spec: LoadSpec, prompt: str) -> RequestRecord:
     """Send one streamed request and time its chunks. Never raises for a failed request
-    (the record carries the error); cancellation propagates."""
+    (the record carries the error); cancellation propagates. Each chunk's time is when
+    the read that completed its event returned (see `load_http`)."""
     record = RequestRecord(start=time.perf_counter())
     done = False
     body = json.dumps(spec.body(prompt)).encode()
     try:
         with trio.fail_after(spec.request_timeout):
-            async with connection.post(spec.path, body) as response:
-                async with aclosing(response.body) as chunks:
-                    if response.status_code != 200:
-                        text = b"".join([c async for c in chunks]).decode(errors="replace")
-                        record.error = f"HTTP {response.status_code}: {text[:200]}"
-                    else:
-                        async with aclosing(sse_data(chunks)) as events:
-                            async for data in events:
-                                now = time.perf_counter()
-                                if data == "[DONE]":
-                                    done = True
-                                elif not done and data:
-                                    _take_chunk(record, data, now)
-        if record.error is None and not done:
-            record.error = "the stream ended without [DONE]"
+            response = await connection.request("POST", spec.path, body)
+        record.start = response.started
+        if response.status_code != 200:
+            text = response.body.decode(errors="replace")
+            record.error = f"HTTP {response.status_code}: {text[:200]}"
+        else:
+            for end, data in sse_events(response.body):
+                if data == "[DONE]":
+                    done = True
+                elif not done and data:
+                    _take_chunk(record, data, response.arrival(end))
+            if record.error is None and not done:
+                record.error = "the stream ended without [DONE]"
+        record.end = response.finished
     except trio.TooSlowError:
         record.error = f"timed out after {spec.request_timeout} s"
+        record.end = time.perf_counter()
     except (LoadHTTPError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
-    record.end = time.perf_counter()
+        record.end = time.perf_counter()
     return record
 
 
@@ -273,11 +273,7 @@ async def _probe_health(
                 ok = False
                 with trio.move_on_after(HEALTH_TIMEOUT):
                     try:
-                        async with connection.request("GET", "/health") as response:
-                            async with aclosing(response.body) as body:
-                                async for _ in body:
-                                    pass
-                            ok = response.status_code == 200
+                        ok = (await connection.request("GET", "/health")).status_code == 200
                     except LoadHTTPError:
                         pass
                 if ok:
