@@ -13,7 +13,7 @@ import attrs
 
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.core import EngineCore
-from sluiceway.engine.model_thread import ModelThread
+from sluiceway.engine.model_thread import CallingThread, ModelThread
 
 if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
@@ -30,7 +30,7 @@ class ModelBundle:
 
     loaded: LoadedModel
     runner: TorchModelRunner
-    thread: ModelThread | None = None
+    thread: ModelThread | CallingThread | None = None
 
     @property
     def name(self) -> str:
@@ -38,7 +38,11 @@ class ModelBundle:
 
 
 def load_bundle_on_thread(model: ModelConfig, engine: EngineConfig, *, progress: bool = True) -> ModelBundle:
-    """`load_bundle` run on a new `ModelThread`, which the engine then steps on."""
+    """`load_bundle` run on the thread the engine will step on: a new `ModelThread`,
+    or, with `engine.steps_on_event_loop`, the calling thread (`CallingThread`),
+    which must then be the one that runs the event loop."""
+    if engine.steps_on_event_loop:
+        return attrs.evolve(load_bundle(model, engine, progress=progress), thread=CallingThread())
     thread = ModelThread()
     try:
         bundle = thread.call(lambda: load_bundle(model, engine, progress=progress))

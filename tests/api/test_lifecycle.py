@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from server_helpers import RawStream, StreamResult, chat, count_content, eventually, stream
 from sluiceway.api.serve import RunningServer
+from sluiceway.config import EngineConfig
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner
@@ -67,9 +69,13 @@ async def test_disconnect_aborts_and_frees(start_server: Any, runner: ScriptedRu
         assert _finished(server, "length") == 2
 
 
-async def test_stalled_reader_does_not_block_others(start_server: Any) -> None:
+@pytest.mark.parametrize("steps_on_event_loop", [False, True])
+async def test_stalled_reader_does_not_block_others(
+    start_server: Any, steps_on_event_loop: bool
+) -> None:
+    config = EngineConfig(steps_on_event_loop=steps_on_event_loop)
     async with (
-        start_server() as server,
+        start_server(engine_config=config) as server,
         httpx.AsyncClient(base_url=server.url, timeout=30) as client,
     ):
         with trio.fail_after(20):
@@ -114,8 +120,6 @@ async def test_request_timeout(start_server: Any, runner: ScriptedRunner) -> Non
 
 
 async def test_queue_full_429(start_server: Any, runner: ScriptedRunner) -> None:
-    from sluiceway.config import EngineConfig
-
     runner.gated = True
     config = EngineConfig(max_num_seqs=1, max_waiting=2)
     async with (

@@ -28,6 +28,17 @@ def _openai(server: RunningServer) -> openai.OpenAI:
 
 
 async def test_seed_parallel_streams_and_batch_chat(server: RunningServer) -> None:
+    await _seed_parallel_streams_and_batch_chat(server)
+
+
+async def test_seed_load_with_steps_on_the_event_loop(start_server: Any) -> None:
+    """The same load when every step runs on the event loop's own thread, which then
+    serves nothing while a step runs: every stream still starts and finishes."""
+    async with start_server(engine_config=EngineConfig(steps_on_event_loop=True)) as server:
+        await _seed_parallel_streams_and_batch_chat(server)
+
+
+async def _seed_parallel_streams_and_batch_chat(server: RunningServer) -> None:
     """16 parallel streaming chats plus the seed's batch-chat request, via the official client."""
     client = _openai(server)
 

@@ -23,7 +23,7 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
-from sluiceway.engine.model_thread import ModelThread
+from sluiceway.engine.model_thread import CallingThread, ModelThread
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -59,14 +59,17 @@ class Engine:
         *,
         eos_token_ids: Iterable[int],
         max_model_len: int,
-        model_thread: ModelThread | None = None,
+        model_thread: ModelThread | CallingThread | None = None,
     ) -> None:
         """`model_thread` runs every step; pass the thread that loaded the model so
         all torch work stays on one OS thread (see `model_thread.py`). Without one,
-        the engine starts its own and stops it when `run` ends."""
+        the engine starts its own and stops it when `run` ends, or, with
+        `config.steps_on_event_loop`, steps on the event loop's thread."""
         self.tokenizer = tokenizer
         self._owns_thread = model_thread is None
-        self._model_thread = model_thread or ModelThread()
+        if model_thread is None:
+            model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
+        self._model_thread = model_thread
         self.config = config
         model_len = min(max_model_len, config.max_model_len or max_model_len)
         self._core = EngineCore(

@@ -1,11 +1,12 @@
-"""One long-lived OS thread for all model work.
+"""Where all model work runs: one long-lived OS thread (`ModelThread`), or the event
+loop's own thread (`CallingThread`).
 
 torch's CPU kernels run on an OpenMP thread team that belongs to the OS thread
 that calls them. Each calling thread gets its own team, and idle teams keep
 spinning: on this 2-core machine a second team (model loaded on the main thread,
 steps run on a trio worker thread) made every decode step ~1.7x slower
 (measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
-run torch). So loading, warm-up and every step run on this one thread.
+run torch). So loading, warm-up and every step run on one thread, whichever it is.
 """
 
 from __future__ import annotations
@@ -102,3 +103,36 @@ class ModelThread:
 
         self._put((fn, deliver))
         return await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+class CallingThread:
+    """Runs each function at once on the thread that asks: the event loop's own thread
+    does all torch work (`EngineConfig.steps_on_event_loop`).
+
+    With `ModelThread` every step costs two wake-ups across threads (the step to the
+    model thread, its result back to the loop), and the loop's work for a token
+    contends with the model thread for the GIL and the cores while the next step
+    runs. On the 2-core machine that was about 0.4 ms of every 3.4 ms int4 token at
+    one stream; here the loop's work runs between steps instead, and nothing else
+    answers while a step runs (see `docs/benchmarks.md`, "Eleventh session").
+    """
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` now, on this thread."""
+        return fn()
+
+    async def run(self, fn: Callable[[], T], *, abandon_on_cancel: bool = False) -> T:
+        """Let the tasks that are runnable now take their turn, then run `fn` on this
+        thread, blocking the event loop until it returns; returns or raises what it
+        did. trio runs each batch of runnable tasks in either order, so it takes two
+        checkpoints before every task woken before the call has run. Cancellation
+        raises at those checkpoints, before `fn` starts; `fn` itself is never
+        interrupted, so `abandon_on_cancel` cannot apply and must be False."""
+        if abandon_on_cancel:
+            raise ValueError("a function running on the event loop cannot be abandoned")
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        return fn()
+
+    def stop(self) -> None:
+        """Nothing to stop: there is no thread of its own."""
