@@ -288,3 +288,26 @@ async def test_a_body_that_ends_with_the_connection() -> None:
         record = await timed_request(connection, LoadSpec(model="m"), "p")
         await connection.aclose()
     assert record.error is None and len(record.chunk_times) == 1
+
+
+async def test_a_failed_send_is_an_error_record_and_drops_the_connection() -> None:
+    class BrokenSocket:
+        """A kept-alive socket whose peer has gone: every send fails."""
+
+        closed = False
+
+        def sendall(self, data: bytes) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def shutdown(self, how: int) -> None:
+            pass
+
+        def close(self) -> None:
+            self.closed = True
+
+    connection = Connection(Origin.from_url("http://127.0.0.1:9"))
+    broken = BrokenSocket()
+    connection._sock = broken  # type: ignore[assignment]
+    record = await timed_request(connection, LoadSpec(model="m"), "p")
+    assert record.error is not None and "send failed" in record.error
+    assert broken.closed  # the next request opens a fresh connection

@@ -192,7 +192,10 @@ class Connection:
             if self._sock is None:
                 self._sock = self._open()
             abort.watch(self._sock)
-            self._sock.sendall(self._head(method, path, body) + (body or b""))
+            try:
+                self._sock.sendall(self._head(method, path, body) + (body or b""))
+            except OSError as exc:
+                raise LoadHTTPError(f"send failed: {exc}") from exc
             response, keep = self._read(self._sock, started)
         except BaseException:
             self._close()
