@@ -153,7 +153,8 @@ class Connection:
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
-        self._sock: socket.socket | None = None  # touched only by the exchange's thread
+        # Touched only by whoever holds `_one_at_a_time`: the exchange's thread, or aclose.
+        self._sock: socket.socket | None = None
         self._one_at_a_time = trio.CapacityLimiter(1)
         self._abort: _Abort | None = None
 
