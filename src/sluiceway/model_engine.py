@@ -13,7 +13,7 @@ import attrs
 
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.core import EngineCore
-from sluiceway.engine.model_thread import CallingThread, ModelThread
+from sluiceway.engine.model_thread import CallingThread, ModelThread, StepThread
 
 if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
@@ -30,7 +30,7 @@ class ModelBundle:
 
     loaded: LoadedModel
     runner: TorchModelRunner
-    thread: ModelThread | CallingThread | None = None
+    thread: StepThread | None = None
 
     @property
     def name(self) -> str:

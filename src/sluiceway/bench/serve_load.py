@@ -174,9 +174,9 @@ async def timed_request(connection: Connection, spec: LoadSpec, prompt: str) -> 
         record.end = response.finished
     except trio.TooSlowError:
         record.error = f"timed out after {spec.request_timeout} s"
-        record.end = time.perf_counter()
     except (LoadHTTPError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
+    if not record.end:  # no whole response: it ended when the request gave up
         record.end = time.perf_counter()
     return record
 

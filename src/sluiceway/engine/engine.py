@@ -23,7 +23,7 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
-from sluiceway.engine.model_thread import CallingThread, ModelThread
+from sluiceway.engine.model_thread import CallingThread, ModelThread, StepThread
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -59,7 +59,7 @@ class Engine:
         *,
         eos_token_ids: Iterable[int],
         max_model_len: int,
-        model_thread: ModelThread | CallingThread | None = None,
+        model_thread: StepThread | None = None,
     ) -> None:
         """`model_thread` runs every step; pass the thread that loaded the model so
         all torch work stays on one OS thread (see `model_thread.py`). Without one,

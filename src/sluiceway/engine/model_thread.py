@@ -136,3 +136,6 @@ class CallingThread:
 
     def stop(self) -> None:
         """Nothing to stop: there is no thread of its own."""
+
+
+StepThread = ModelThread | CallingThread  # where an engine runs its steps
