@@ -38,7 +38,8 @@ class ScriptedRunner:
     Records every batch it ran. `gate`, when set, makes each step wait on it
     (a threading.Event the test sets), to hold a step in flight; `entered` is set
     once a step has begun. `fail_on_step`
-    makes that step (0-based) raise.
+    makes that step (0-based) raise. `wait_before_step` maps a step index to an
+    event that step waits for (failing the step if it is not set within 10 s).
     """
 
     num_blocks: int = 64
@@ -48,12 +49,16 @@ class ScriptedRunner:
     gate: threading.Event | None = None
     fail_on_step: int | None = None
     entered: threading.Event = attrs.field(factory=threading.Event)
+    wait_before_step: dict[int, threading.Event] = attrs.field(factory=dict)
 
     def step(self, batch: StepBatch) -> list[SampledToken]:
         self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         step_index = len(self.batches)
+        awaited = self.wait_before_step.get(step_index)
+        if awaited is not None and not awaited.wait(timeout=10):
+            raise RuntimeError(f"step {step_index} waited 10 s for its event")
         self.batches.append(batch)
         if self.fail_on_step == step_index:
             raise RuntimeError("scripted step failure")

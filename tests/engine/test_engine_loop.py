@@ -245,3 +245,27 @@ async def test_stream_interval_forgets_held_tokens_of_an_aborted_choice(autojump
         await engine.wait_idle()
         assert not engine._held
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cancelled_engine_stops_after_the_step_in_flight_without_a_watchdog(autojump_clock):
+    # No step_timeout: the step in flight cannot be abandoned, so it is waited for.
+    release = threading.Event()
+    engine, runner = make_engine(ScriptedRunner(wait_before_step={1: release}))
+    engine_scope = trio.CancelScope()
+
+    async def run_engine(task_status=trio.TASK_STATUS_IGNORED):
+        with engine_scope:
+            await engine.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_engine)
+        async with engine.generate([97], SamplingParams(max_tokens=50)) as (ch,):
+            first = await ch.receive()
+            engine_scope.cancel()  # step 1 is in flight or about to be
+            release.set()
+            rest = await collect(ch)
+    # Step 1 finished and its token was delivered; no step ran after it (before the
+    # fix the loop stepped on until all 50 tokens were made).
+    assert len(runner.batches) == 2
+    assert [len(d.token_ids) for d in [first, *rest]] == [1, 1, 0]
+    assert rest[-1].finish_reason == "error" and "stopped" in rest[-1].error

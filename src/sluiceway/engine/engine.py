@@ -178,9 +178,9 @@ class Engine:
 
         A failing step does not raise out of here: every open choice receives an
         error delta, the engine turns unhealthy and later requests are refused.
-        On cancellation the step in flight finishes (a thread cannot be
-        interrupted; with a watchdog it is abandoned instead), then every open
-        choice receives an error delta.
+        On cancellation the step in flight finishes and its tokens are delivered
+        (a thread cannot be interrupted; with a watchdog the step is abandoned
+        instead), then every open choice receives an error delta.
         """
         task_status.started()
         try:
@@ -203,6 +203,10 @@ class Engine:
                     return
                 self._deliver(deltas)
                 self._step_boundary.unpark_all()
+                # A step that cannot be abandoned returns normally even when the loop
+                # was cancelled while it ran; stop here rather than step on until
+                # every request is done.
+                await trio.lowlevel.checkpoint_if_cancelled()
         finally:
             if self._failure is None:
                 self._fail("the engine stopped")
