@@ -269,3 +269,22 @@ async def test_a_cancelled_engine_stops_after_the_step_in_flight_without_a_watch
     assert len(runner.batches) == 2
     assert [len(d.token_ids) for d in [first, *rest]] == [1, 1, 0]
     assert rest[-1].finish_reason == "error" and "stopped" in rest[-1].error
+
+
+async def test_a_failure_answers_requests_it_never_saw_even_if_their_callers_left(autojump_clock):
+    gate = threading.Event()
+    engine, runner = make_engine(ScriptedRunner(gate=gate, fail_on_step=0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        async with engine.generate([97], SamplingParams(max_tokens=5)) as (first,):
+            await trio.to_thread.run_sync(runner.entered.wait)  # step 0 is in flight
+            # Submitted while the step runs, then left: its channels are closed and
+            # its add and abort wait in the inbox when the step fails.
+            async with engine.generate([98], SamplingParams(max_tokens=5)):
+                pass
+            async with engine.generate([99], SamplingParams(max_tokens=5)) as (waiting,):
+                gate.set()
+                assert [d.finish_reason for d in await collect(waiting)] == ["error"]
+            assert (await collect(first))[-1].finish_reason == "error"
+        nursery.cancel_scope.cancel()
+    assert not engine.healthy

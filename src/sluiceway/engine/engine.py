@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import attrs
@@ -316,7 +316,8 @@ class Engine:
                 break
             if isinstance(message, _AddRequest):
                 for sender in message.senders:
-                    sender.send_nowait(error)
+                    with suppress(trio.BrokenResourceError):
+                        sender.send_nowait(error)  # the caller may have left already
                     sender.close()
         self._live_requests.clear()
         self._queued_choices = 0
