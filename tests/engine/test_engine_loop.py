@@ -277,7 +277,7 @@ async def test_a_failure_answers_requests_it_never_saw_even_if_their_callers_lef
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with engine.generate([97], SamplingParams(max_tokens=5)) as (first,):
-            await trio.to_thread.run_sync(runner.entered.wait)  # step 0 is in flight
+            assert await trio.to_thread.run_sync(runner.entered.wait, 10)  # step 0 is in flight
             # Submitted while the step runs, then left: its channels are closed and
             # its add and abort wait in the inbox when the step fails.
             async with engine.generate([98], SamplingParams(max_tokens=5)):
