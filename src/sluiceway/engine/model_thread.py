@@ -6,7 +6,9 @@ that calls them. Each calling thread gets its own team, and idle teams keep
 spinning: on this 2-core machine a second team (model loaded on the main thread,
 steps run on a trio worker thread) made every decode step ~1.7x slower
 (measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
-run torch). So loading, warm-up and every step run on one thread, whichever it is.
+run torch; in the twelfth session one int4 stream made 246 tok/s on the main thread
+and 95 on a second thread, `docs/benchmarks.md`). So loading, warm-up and every step
+run on one thread, whichever it is.
 """
 
 from __future__ import annotations
