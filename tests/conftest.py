@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -22,6 +23,7 @@ from sluiceway.api.serve import RunningServer, serve_async
 # Helper modules shared by several suites (server_helpers.py) sit beside this file;
 # importlib mode does not put it on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))
+from server_helpers import StepGate
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 
@@ -78,18 +80,23 @@ async def running_server(
     **server_kw: Any,
 ) -> AsyncIterator[RunningServer]:
     """Serve an Engine over `runner`; on exit a gated runner is released (a held
-    step never outlives the test) and the server is cancelled."""
+    step never outlives the test) and the server is cancelled. A runner that can be
+    gated decodes on the model thread only: a gated step waits for a permit from the
+    test's own trio task, which cannot run while a step holds the event loop."""
+    config = engine_config or EngineConfig()
+    if isinstance(runner, StepGate) and not config.steps_on_event_loop:
+        config = attrs.evolve(config, event_loop_decode_max_seqs=0)
     engine = Engine(
         runner,
         tokenizer,
-        engine_config or EngineConfig(),
+        config,
         eos_token_ids=frozenset({tokenizer.eos_token_id}),
         max_model_len=max_model_len,
     )
-    config = ServerConfig(host="127.0.0.1", port=0, **server_kw)
+    server_config = ServerConfig(host="127.0.0.1", port=0, **server_kw)
     async with trio.open_nursery() as nursery:
         server: RunningServer = await nursery.start(
-            partial(serve_async, engine, server_config=config, model_name=model_name)
+            partial(serve_async, engine, server_config=server_config, model_name=model_name)
         )
         try:
             yield server

@@ -250,7 +250,10 @@ async def test_stream_interval_forgets_held_tokens_of_an_aborted_choice(autojump
 async def test_a_cancelled_engine_stops_after_the_step_in_flight_without_a_watchdog(autojump_clock):
     # No step_timeout: the step in flight cannot be abandoned, so it is waited for.
     release = threading.Event()
-    engine, runner = make_engine(ScriptedRunner(wait_before_step={1: release}))
+    # Decodes on the model thread too: this is about a step that cannot be stopped.
+    engine, runner = make_engine(
+        ScriptedRunner(wait_before_step={1: release}), event_loop_decode_max_seqs=0
+    )
     engine_scope = trio.CancelScope()
 
     async def run_engine(task_status=trio.TASK_STATUS_IGNORED):

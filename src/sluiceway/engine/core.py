@@ -130,6 +130,17 @@ class EngineCore:
         for request_id in list(self._requests):
             self.abort_request(request_id)
 
+    def next_decode_size(self) -> int | None:
+        """How many sequences the next step decodes, if it only decodes: None while
+        a request waits or a prompt is not fully computed (the step would prefill),
+        0 with nothing to do."""
+        if self.scheduler.waiting:
+            return None
+        running = self.scheduler.running
+        if any(seq.num_uncomputed_tokens != 1 for seq in running):
+            return None
+        return len(running)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -1,8 +1,8 @@
 """The trio face of the engine: one step loop task and a handle for callers.
 
 Data flow: callers `send_nowait` messages into the loop's inbox; the loop is the
-only task that touches the `EngineCore`; it runs each step in a worker thread
-and delivers deltas with `send_nowait` into per-choice channels sized so that a
+only task that touches the `EngineCore`; it runs each step on the model thread
+(or, for a decode of a sequence or two, on its own thread) and delivers deltas with `send_nowait` into per-choice channels sized so that a
 send can never block. A slow or vanished reader therefore never stalls the loop
 or another stream.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -23,7 +23,12 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
-from sluiceway.engine.model_thread import CallingThread, ModelThread, StepThread
+from sluiceway.engine.model_thread import (
+    CallingThread,
+    ModelThread,
+    StepThread,
+    find_openmp_pool_release,
+)
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -60,16 +65,28 @@ class Engine:
         eos_token_ids: Iterable[int],
         max_model_len: int,
         model_thread: StepThread | None = None,
+        openmp_pool_release: Callable[[], None] | None = None,
     ) -> None:
-        """`model_thread` runs every step; pass the thread that loaded the model so
-        all torch work stays on one OS thread (see `model_thread.py`). Without one,
-        the engine starts its own and stops it when `run` ends, or, with
-        `config.steps_on_event_loop`, steps on the event loop's thread."""
+        """`model_thread` runs the steps; pass the thread that loaded the model (see
+        `model_thread.py`). Without one, the engine starts its own and stops it
+        when `run` ends, or, with `config.steps_on_event_loop`, steps on the event
+        loop's thread. Decodes of at most `config.event_loop_decode_max_seqs`
+        sequences run on the event loop's thread too; each time steps move between
+        the threads, the one they leave first runs `openmp_pool_release` (default:
+        `find_openmp_pool_release()`; where that finds no way to free a team, steps
+        never move)."""
         self.tokenizer = tokenizer
         self._owns_thread = model_thread is None
         if model_thread is None:
             model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
         self._model_thread = model_thread
+        self._event_loop_thread = CallingThread()
+        self._steps_on: StepThread = model_thread  # the thread whose OpenMP team is live
+        if isinstance(model_thread, ModelThread) and config.event_loop_decode_max_seqs:
+            self._pool_release = openmp_pool_release or find_openmp_pool_release()
+        else:
+            self._pool_release = None
+        self._loop_decode_max_seqs = config.event_loop_decode_max_seqs if self._pool_release else 0
         self.config = config
         model_len = min(max_model_len, config.max_model_len or max_model_len)
         self._core = EngineCore(
@@ -191,7 +208,7 @@ class Engine:
                     self._handle(await self._inbox.receive())
                     continue
                 try:
-                    deltas = await self._step_with_watchdog()
+                    deltas = await self._step()
                 except Exception as exc:
                     logger.exception("engine step failed")
                     self._fail(f"engine step failed: {type(exc).__name__}: {exc}")
@@ -213,8 +230,30 @@ class Engine:
             if self._owns_thread:
                 self._model_thread.stop()
 
+    async def _step(self) -> list[tuple[int, ChoiceDelta]] | None:
+        """Run one step where it belongs: a decode of at most
+        `event_loop_decode_max_seqs` sequences on this (the event loop's) thread,
+        which blocks the loop for that step and cannot be abandoned; anything else
+        on the model thread under the watchdog. None if the watchdog fired."""
+        size = self._core.next_decode_size()
+        if size is not None and 0 < size <= self._loop_decode_max_seqs:
+            await self._move_steps_to(self._event_loop_thread)
+            return await self._event_loop_thread.run(self._core.step)
+        await self._move_steps_to(self._model_thread)
+        return await self._step_with_watchdog()
+
+    async def _move_steps_to(self, thread: StepThread) -> None:
+        """Free the OpenMP team of the thread steps leave, on that thread, so that
+        only one team exists (see `find_openmp_pool_release`). Cancellation waits
+        for the release, which takes well under a millisecond."""
+        if thread is self._steps_on:
+            return
+        assert self._pool_release is not None
+        await self._steps_on.run(self._pool_release)
+        self._steps_on = thread
+
     async def _step_with_watchdog(self) -> list[tuple[int, ChoiceDelta]] | None:
-        """Run one step in the worker thread; None if it outran `step_timeout`.
+        """Run one step on the model thread; None if it outran `step_timeout`.
 
         A thread cannot be interrupted, so a hung step is abandoned: the engine
         stops using the core and fails, rather than leaving every request waiting.
