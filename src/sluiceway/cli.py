@@ -97,7 +97,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="decode steps of at most N sequences run on the event loop's own thread, "
-        "without the watchdog (one int4 stream on a 2-core CPU: x1.05); 0: every step on "
+        "without the watchdog (one int4 stream on a 2-core CPU: x1.03-1.05); 0: every step on "
         "the model thread (default 1)",
     )
     group.add_argument(

@@ -2,9 +2,9 @@
 
 Data flow: callers `send_nowait` messages into the loop's inbox; the loop is the
 only task that touches the `EngineCore`; it runs each step on the model thread
-(or, for a decode of a sequence or two, on its own thread) and delivers deltas with `send_nowait` into per-choice channels sized so that a
-send can never block. A slow or vanished reader therefore never stalls the loop
-or another stream.
+(a decode of a lone sequence on its own thread) and delivers deltas with
+`send_nowait` into per-choice channels sized so that a send can never block. A
+slow or vanished reader therefore never stalls the loop or another stream.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ spinning: on this 2-core machine a second team (model loaded on the main thread,
 steps run on a trio worker thread) made every decode step ~1.7x slower
 (measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
 run torch; in the twelfth session one int4 stream made 246 tok/s on the main thread
-and 95 on a second thread, `docs/benchmarks.md`). So loading and warm-up run on one thread, and steps move to another only after
-the thread they leave has freed its team (`find_openmp_pool_release`).
+and 95 on a second thread, `docs/benchmarks.md`). So loading and warm-up run on
+one thread, and steps move to another only after the thread they leave has freed
+its team (`find_openmp_pool_release`).
 """
 
 from __future__ import annotations
