@@ -8,6 +8,7 @@ import trio
 from engine_fakes import ByteTokenizer, ScriptedRunner
 
 from sluiceway.config import EngineConfig
+from sluiceway.engine.core import EngineCore
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.model_thread import ModelThread
 from sluiceway.engine.sampling_params import SamplingParams
@@ -89,3 +90,25 @@ async def test_the_limit_sets_how_many_sequences_decode_on_the_loop():
 def test_the_limit_cannot_be_negative():
     with pytest.raises(ValueError):
         EngineConfig(event_loop_decode_max_seqs=-1)
+
+
+def test_the_core_says_when_the_next_step_only_decodes():
+    core = EngineCore(
+        ScriptedRunner(num_blocks=64, block_size=4),
+        tok.decode,
+        max_num_seqs=8,
+        max_num_batched_tokens=4,  # a 6-token prompt takes two steps
+        eos_token_ids=[256],
+        max_model_len=128,
+    )
+    assert not core.next_step_only_decodes(1)  # nothing to do
+    core.add_request(0, tok.encode("abcdef"), SamplingParams(max_tokens=5), 1)
+    assert not core.next_step_only_decodes(1)  # waiting
+    core.step()
+    assert not core.next_step_only_decodes(1)  # running, its prompt half computed
+    core.step()
+    assert core.next_step_only_decodes(1)
+    core.add_request(1, tok.encode("ab"), SamplingParams(max_tokens=5), 1)
+    assert not core.next_step_only_decodes(2)  # waiting again
+    core.step()
+    assert core.next_step_only_decodes(2) and not core.next_step_only_decodes(1)

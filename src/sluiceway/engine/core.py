@@ -130,16 +130,14 @@ class EngineCore:
         for request_id in list(self._requests):
             self.abort_request(request_id)
 
-    def next_decode_size(self) -> int | None:
-        """How many sequences the next step decodes, if it only decodes: None while
-        a request waits or a prompt is not fully computed (the step would prefill),
-        0 with nothing to do."""
-        if self.scheduler.waiting:
-            return None
+    def next_step_only_decodes(self, max_seqs: int) -> bool:
+        """Whether the next step decodes one to `max_seqs` sequences and nothing
+        else: no request waits and every running prompt is fully computed. Looks
+        at the sequences only when there are few enough."""
         running = self.scheduler.running
-        if any(seq.num_uncomputed_tokens != 1 for seq in running):
-            return None
-        return len(running)
+        if self.scheduler.waiting or not 0 < len(running) <= max_seqs:
+            return False
+        return all(seq.num_uncomputed_tokens == 1 for seq in running)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

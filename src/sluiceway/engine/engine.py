@@ -235,8 +235,9 @@ class Engine:
         `event_loop_decode_max_seqs` sequences on this (the event loop's) thread,
         which blocks the loop for that step and cannot be abandoned; anything else
         on the model thread under the watchdog. None if the watchdog fired."""
-        size = self._core.next_decode_size()
-        if size is not None and 0 < size <= self._loop_decode_max_seqs:
+        if self._loop_decode_max_seqs and self._core.next_step_only_decodes(
+            self._loop_decode_max_seqs
+        ):
             await self._move_steps_to(self._event_loop_thread)
             return await self._event_loop_thread.run(self._core.step)
         await self._move_steps_to(self._model_thread)
