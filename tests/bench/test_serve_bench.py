@@ -292,6 +292,39 @@ def test_paired_fraction_is_total_tokens_over_total_time() -> None:
     assert report.paired_fraction is None
 
 
+def _paired_report(rounds: list[tuple[float, float]]) -> Any:
+    from sluiceway.bench.serve_report import LevelReport
+
+    return LevelReport(
+        concurrency=1, requests=1, completed=1, failed=0, timed_out=False, duration_s=1.0,
+        output_tokens=1, prompt_tokens_mean=None, output_tok_s=1.0, requests_s=1.0,
+        ttft_s={}, itl_s={}, paired_rounds=rounds,
+    )  # fmt: skip
+
+
+def test_paired_fraction_interval_brackets_the_share_within_the_rounds() -> None:
+    """The interval holds the share, lies within the rounds' own shares, narrows as
+    the same spread is seen over more rounds, and is the same on every call."""
+    few = [(90.0, 100.0), (80.0, 100.0), (100.0, 100.0), (85.0, 100.0)]
+    report = _paired_report(few)
+    interval = report.paired_fraction_interval
+    assert interval is not None
+    low, high = interval
+    assert 0.8 <= low < report.paired_fraction < high <= 1.0
+    assert report.paired_fraction_interval == interval
+    assert report.to_dict()["paired_fraction_interval"] == interval
+    many = _paired_report(few * 8).paired_fraction_interval
+    assert many is not None
+    assert low < many[0] and many[1] < high
+
+
+def test_paired_fraction_interval_needs_two_usable_rounds() -> None:
+    assert _paired_report([(90.0, 100.0)]).paired_fraction_interval is None
+    assert _paired_report([(90.0, 100.0), (0.0, 100.0)]).paired_fraction_interval is None
+    same = _paired_report([(90.0, 100.0), (45.0, 50.0)]).paired_fraction_interval
+    assert same == (pytest.approx(0.9), pytest.approx(0.9))
+
+
 async def test_engine_rate_is_total_tokens_over_total_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -392,7 +392,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             f"(at most {_MAX_BASELINE_ROUNDS}); engine_tok_s is their mean",
             "paired_rounds": f"{args.paired_rounds} rounds per level of `concurrency` requests "
             "sent together, each paired with one engine batch of the same size, the first side "
-            "alternating; paired_fraction is server over engine, total tokens over total time",
+            "alternating; paired_fraction is server over engine, total tokens over total time; "
+            "paired_fraction_interval its 95% bootstrap interval over the rounds",
         }
     print(
         f"\n{config['api']} streaming, {args.output_tokens} output tokens per request, "
@@ -416,9 +417,13 @@ def run_serve_bench(args: argparse.Namespace) -> int:
                 if r.paired_fraction is None or not r.paired_rounds:
                     continue
                 ratios = sorted(s / e for s, e in r.paired_rounds)
+                interval = r.paired_fraction_interval
+                spread = "" if interval is None else (
+                    f"; 95% bootstrap interval {interval[0]:.0%} to {interval[1]:.0%}"
+                )
                 print(
                     f"  concurrency {r.concurrency}: {r.paired_fraction:.0%} "
-                    f"({len(ratios)} rounds, from {ratios[0]:.0%} to {ratios[-1]:.0%})"
+                    f"({len(ratios)} rounds, from {ratios[0]:.0%} to {ratios[-1]:.0%}{spread})"
                 )
     failed = sum(r.failed for r in reports)
     if failed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import attrs
 from sluiceway.bench.serve_load import LevelRun
 
 PERCENTILES = (50, 90, 99)
+_RESAMPLES = 2000  # bootstrap resamples for the paired share's interval
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -75,13 +77,37 @@ class LevelReport:
         rounds = self.paired_rounds
         if not rounds or any(s <= 0 or e <= 0 for s, e in rounds):
             return None
-        return sum(1 / e for _, e in rounds) / sum(1 / s for s, _ in rounds)
+        return _share(rounds)
+
+    @property
+    def paired_fraction_interval(self) -> tuple[float, float] | None:
+        """A 95% bootstrap interval of `paired_fraction`: the 2.5th and 97.5th
+        percentiles of the same share over resamples of the rounds (drawn with
+        replacement, seeded, so a report always gives the same interval). The rounds'
+        spread comes mostly from the machine's speed drifting between a round's two
+        sides; with few rounds the interval is, if anything, too narrow. None with
+        fewer than two usable rounds."""
+        rounds = self.paired_rounds
+        if self.paired_fraction is None or rounds is None or len(rounds) < 2:
+            return None
+        draw = random.Random(0)
+        shares = [_share(draw.choices(rounds, k=len(rounds))) for _ in range(_RESAMPLES)]
+        low, high = percentile(shares, 2.5), percentile(shares, 97.5)
+        assert low is not None and high is not None
+        return low, high
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
         out["engine_fraction"] = self.engine_fraction
         out["paired_fraction"] = self.paired_fraction
+        out["paired_fraction_interval"] = self.paired_fraction_interval
         return out
+
+
+def _share(rounds: Sequence[tuple[float, float]]) -> float:
+    """Server over engine across (server tok/s, engine tok/s) rounds that each ask for
+    the same tokens: each side's total time per token, engine's over server's."""
+    return sum(1 / e for _, e in rounds) / sum(1 / s for s, _ in rounds)
 
 
 def summarize(run: LevelRun) -> LevelReport:
