@@ -45,6 +45,19 @@ def _tables(seq_lens: list[int]) -> list[list[int]]:
     return tables
 
 
+def _cache(tables: list[list[int]]) -> KVCache:
+    """A one-layer float32 cache with room for `tables` (block 0 unused)."""
+    return KVCache.allocate(
+        num_layers=1,
+        num_blocks=1 + sum(len(t) for t in tables),
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+        head_dim=HEAD_DIM,
+        dtype=torch.float32,
+        device="cpu",
+    )
+
+
 def _reference(cache: KVCache, q, meta, tables) -> torch.Tensor:
     """Each sequence's queries over its whole context read slot by slot, in float64."""
     keys, values = (
@@ -73,15 +86,7 @@ def test_cached_chunks_next_to_fresh_prompts_and_decodes_match_the_reference() -
     q_lens = [17, 5, 1, 12, 3, 64, 9]
     seq_lens = [17, 37, 20, 30, 300, 80, 25]  # fresh, cached, decode, cached, long context, ...
     tables = _tables(seq_lens)
-    cache = KVCache.allocate(
-        num_layers=1,
-        num_blocks=1 + sum(len(t) for t in tables),
-        block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS,
-        head_dim=HEAD_DIM,
-        dtype=torch.float32,
-        device="cpu",
-    )
+    cache = _cache(tables)
     for c in (*cache.key_caches, *cache.value_caches):  # the earlier steps' keys and values
         c.copy_(torch.randn(c.shape, generator=gen))
     meta = _meta(tables, q_lens, seq_lens)
@@ -106,15 +111,7 @@ def test_thirty_similar_cached_chunks_take_one_sdpa_per_layer(monkeypatch) -> No
     q_lens = [10 + b % 4 for b in range(30)]
     seq_lens = [q + 24 for q in q_lens]
     tables = _tables(seq_lens)
-    cache = KVCache.allocate(
-        num_layers=1,
-        num_blocks=1 + sum(len(t) for t in tables),
-        block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS,
-        head_dim=HEAD_DIM,
-        dtype=torch.float32,
-        device="cpu",
-    )
+    cache = _cache(tables)
     meta = _meta(tables, q_lens, seq_lens)
     backend = attention.TorchAttention(cache, native_decode=False)
     prepared = backend.prepare(meta)
