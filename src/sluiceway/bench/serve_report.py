@@ -85,8 +85,10 @@ class LevelReport:
         percentiles of the same share over resamples of the rounds (drawn with
         replacement, seeded, so a report always gives the same interval). The rounds'
         spread comes mostly from the machine's speed drifting between a round's two
-        sides; with few rounds the interval is, if anything, too narrow. None with
-        fewer than two usable rounds."""
+        sides; with few rounds the interval is, if anything, too narrow, and it
+        covers only this run: slow spells that outlast a pair move every round alike
+        (on the 2-core host two sweeps half an hour apart gave 91-99% and 79-86% at
+        64 streams). None with fewer than two usable rounds."""
         rounds = self.paired_rounds
         if self.paired_fraction is None or rounds is None or len(rounds) < 2:
             return None
