@@ -230,7 +230,6 @@ class TorchAttention:
     ) -> torch.Tensor:
         if not kv_written:
             self.kv_cache.write(layer, meta.slot_mapping, k, v)
-        kv_heads, head_dim = self.kv_cache.key_caches[layer].shape[2:]
         plan = meta.plan if meta.plan is not None else self.prepare(meta).plan
         if (
             plan.decode is not None
@@ -238,6 +237,7 @@ class TorchAttention:
             and q.shape[1] != self._native_heads
         ):
             # The kernel's limits on heads can be checked only now, from q (once).
+            kv_heads, head_dim = self.kv_cache.key_caches[layer].shape[2:]
             if native_decode_takes(q.shape[1], kv_heads, head_dim):
                 self._native_heads = q.shape[1]
             else:  # SDPA for this step and every later one
