@@ -37,6 +37,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError("must be zero or more, and finite")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -101,6 +108,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "the model thread (default 1)",
     )
     group.add_argument(
+        "--burst-window",
+        type=_non_negative_float,
+        default=0.05,
+        metavar="SECONDS",
+        help="an idle engine woken by a request waits up to this long, until the server has "
+        "been idle for 0.5 ms, so that the rest of a burst of parallel requests joins the first "
+        "step (0: step at once; default 0.05)",
+    )
+    group.add_argument(
         "--stream-interval",
         type=_positive_int,
         default=1,
@@ -134,6 +150,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         stream_interval=args.stream_interval,
         steps_on_event_loop=args.steps_on_event_loop,
         event_loop_decode_max_seqs=args.event_loop_decode_max_seqs,
+        burst_window=args.burst_window,
     )
 
 
