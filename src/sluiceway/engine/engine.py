@@ -199,7 +199,8 @@ class Engine:
     # ---- the loop ----------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The one engine loop. Runs until cancelled.
+        """The one engine loop. Runs until cancelled. Woken from idle by a request,
+        it first lets the rest of a burst arrive (`_let_burst_arrive`).
 
         A failing step does not raise out of here: every open choice receives an
         error delta, the engine turns unhealthy and later requests are refused.
