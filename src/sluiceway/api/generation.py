@@ -147,9 +147,8 @@ async def _consume(
                     metrics.ttft.observe(now - run.started_at)
                     choice.first_token_at = now
                 elif choice.last_token_at is not None:
-                    gap = (now - choice.last_token_at) / len(delta.token_ids)
-                    for _ in delta.token_ids:
-                        metrics.itl.observe(gap)
+                    count = len(delta.token_ids)
+                    metrics.itl.observe((now - choice.last_token_at) / count, count)
                 choice.last_token_at = now
             choice.num_output_tokens = delta.num_output_tokens
             choice.num_cached_tokens = delta.num_cached_prompt_tokens

@@ -10,12 +10,20 @@ its own totals. Per-request timings and finish reasons are recorded by the API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 FINISH_REASONS = ("stop", "length", "abort", "timeout", "error")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -82,6 +90,41 @@ class _EngineCollector(Collector):
             yield CounterMetricFamily(name, doc, value=value)
 
 
+class LatencyHistogram(Collector):
+    """A histogram of seconds, exposed as prometheus_client's `Histogram` exposes one
+    (`_bucket` by `le`, `_count`, `_sum`; no `_created`), but counted in a plain list.
+
+    The inter-token histogram is observed for every streamed token on the event
+    loop, between two decode steps. There `Histogram.observe` (a lock per bucket
+    and per sum) took p50 8.6 µs of the ~190 µs the loop spends per token at one
+    stream (timestamps in the server, int4, after a step has run through the
+    caches); this takes one `bisect`. Not thread-safe: observe and scrape on the
+    event loop's thread only, as the server does."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(sorted(float(b) for b in buckets))
+        self._counts = [0] * (len(self._bounds) + 1)  # the last one: above every bound
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Count `seconds` `times` times (in the first bucket whose bound is at least it)."""
+        self._counts[bisect.bisect_left(self._bounds, seconds)] += times
+        self._sum += seconds * times
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative = list(itertools.accumulate(self._counts))
+        buckets = [(floatToGoString(b), c) for b, c in zip(self._bounds, cumulative, strict=False)]
+        buckets.append(("+Inf", cumulative[-1]))
+        family = HistogramMetricFamily(self._name, self._documentation)
+        family.add_metric([], buckets, self._sum)
+        yield family
+
+
 class Metrics:
     """All of one server's metrics. `observe_*` calls are cheap (no I/O, no locks held long)."""
 
@@ -96,23 +139,23 @@ class Metrics:
         )
         for reason in FINISH_REASONS:
             self.finished.labels(reason)
-        self.ttft = Histogram(
+        self.ttft = LatencyHistogram(
             "sluiceway_time_to_first_token_seconds",
             "Time from request arrival to a choice's first token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
-        self.itl = Histogram(
+        self.itl = LatencyHistogram(
             "sluiceway_inter_token_latency_seconds",
             "Time between successive deliveries of tokens to one choice, per token.",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
-        self.e2e = Histogram(
+        self.e2e = LatencyHistogram(
             "sluiceway_e2e_request_latency_seconds",
             "Time from request arrival to its last byte of output.",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            _LATENCY_BUCKETS,
+            self.registry,
         )
 
     def record_finish(self, reason: str) -> None:
