@@ -29,6 +29,20 @@ class ChatShape:
         """The first chunk of every choice carries the role, as OpenAI sends it."""
         return fmt.chat_chunk_choice(choice.index, {"role": "assistant", "content": ""})
 
+    def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
+        """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
+        delta.text)`; None otherwise. Changes nothing (see CompletionShape's)."""
+        if (
+            delta.text
+            and delta.finish_reason is None
+            and not (self.request.logprobs and delta.logprobs)
+        ):
+            return delta.text
+        return None
+
+    def text_choice(self, index: int, text: str) -> dict[str, Any]:
+        return fmt.chat_chunk_choice(index, {"content": text})
+
     def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
         content = {"content": delta.text} if delta.text else {}
         logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
@@ -61,6 +75,22 @@ class CompletionShape:
         if not (self.request.echo and choice.prompt.text):
             return None
         return fmt.completion_chunk_choice(choice.index, choice.prompt.text)
+
+    def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
+        """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
+        delta.text)`, having advanced the choice's text offset as it would; None
+        otherwise, changing nothing."""
+        if (
+            delta.text
+            and delta.finish_reason is None
+            and not (self.request.params.logprobs is not None and delta.logprobs)
+        ):
+            choice.text_offset += len(delta.text)
+            return delta.text
+        return None
+
+    def text_choice(self, index: int, text: str) -> dict[str, Any]:
+        return fmt.completion_chunk_choice(index, text)
 
     def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
         logprobs = None

@@ -139,6 +139,12 @@ class _Stream:
         self.request_id = request_id
         self.created = created
         self.output: StreamOutput | None = None
+        # Per choice index, the event of a chunk that carries only text, encoded once
+        # (None where it could not be). Not with continuous usage stats: each chunk's
+        # usage differs.
+        self._text_events: dict[int, sse.EventTemplate | None] | None = (
+            None if req.stream_options.continuous_usage_stats else {}
+        )
 
     async def run(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit, then stream. Reports an admission failure through `task_status`
@@ -186,6 +192,9 @@ class _Stream:
         self.output.put(sse.event(obj))
 
     def _chunk(self, choice: ChoiceState, body: dict[str, Any]) -> None:
+        self._emit(self._chunk_object(choice, body))
+
+    def _chunk_object(self, choice: ChoiceState, body: dict[str, Any]) -> dict[str, Any]:
         chunk = fmt.envelope(
             self.shape.chunk_kind,
             self.request_id,
@@ -198,9 +207,30 @@ class _Stream:
             chunk["usage"] = fmt.usage(len(choice.prompt.token_ids), choice.num_output_tokens)
         elif opts.include_usage:
             chunk["usage"] = None
-        self._emit(chunk)
+        return chunk
+
+    def _text_event(self, choice: ChoiceState, text: str) -> bytes:
+        """The event of a chunk of `choice` that carries only `text`: what `_chunk`
+        would emit for `shape.text_choice(choice.index, text)`."""
+        assert self._text_events is not None
+        index = choice.index
+        if index in self._text_events:
+            template = self._text_events[index]
+        else:
+            template = self._text_events[index] = sse.EventTemplate.around(
+                lambda hole: self._chunk_object(choice, self.shape.text_choice(index, hole))
+            )
+        if template is None:
+            return sse.event(self._chunk_object(choice, self.shape.text_choice(index, text)))
+        return template.render(text)
 
     async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+        if delta is not None and self._text_events is not None:
+            text = self.shape.text_only_delta(choice, delta)
+            if text is not None:  # most tokens: a chunk with text and nothing else
+                assert self.output is not None
+                self.output.put(self._text_event(choice, text))
+                return
         body = (
             self.shape.open_choice(choice)
             if delta is None

