@@ -3,6 +3,7 @@ dicts would be."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -16,6 +17,7 @@ from sluiceway.api.generation import ChoiceState, RequestRun
 from sluiceway.api.prompts import Prompt
 from sluiceway.api.responses import ChatShape, CompletionShape
 from sluiceway.api.routes_generation import _Stream
+from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import parse_chat_request, parse_completion_request
 from sluiceway.engine.outputs import ChoiceDelta, TokenLogprob
 
@@ -110,8 +112,17 @@ def test_text_only_chunks_match_the_dict_path(api: str, fields: Any, delta: Choi
     )
 
 
-def test_continuous_usage_stats_take_the_dict_path() -> None:
-    stream, _ = _stream(
+async def test_continuous_usage_stats_reach_every_text_chunk() -> None:
+    # Each chunk's usage differs, so these chunks cannot come from one template.
+    stream, choice = _stream(
         "chat", stream_options={"include_usage": True, "continuous_usage_stats": True}
     )
-    assert stream._text_events is None
+    output = stream.output = StreamOutput()
+    for count in (1, 2, 3):
+        choice.num_output_tokens = count
+        await stream._sink(choice, ChoiceDelta((5,), "a", num_output_tokens=count))
+    output.close()
+    written = b"".join([part async for part in output.body()])
+    events = [json.loads(e.removeprefix(b"data: ")) for e in written.split(b"\n\n") if e]
+    assert [e["usage"]["completion_tokens"] for e in events] == [1, 2, 3]
+    assert [e["choices"][0]["delta"] for e in events] == [{"content": "a"}] * 3
