@@ -120,6 +120,9 @@ async def test_request_timeout(start_server: Any, runner: ScriptedRunner) -> Non
 
 
 async def test_queue_full_429(start_server: Any, runner: ScriptedRunner) -> None:
+    """With one slot and room for two to wait, a fourth request is refused, whether
+    or not the engine has scheduled the first yet (it holds an idle engine's first
+    step while a burst may still be arriving)."""
     runner.gated = True
     config = EngineConfig(max_num_seqs=1, max_waiting=2)
     async with (

@@ -1,5 +1,6 @@
 """The trio engine loop with a scripted runner: delivery, aborts, failures."""
 
+import contextlib
 import threading
 
 import pytest
@@ -140,7 +141,9 @@ async def test_failing_step_reaches_every_open_request(autojump_clock):
 
 
 async def test_queue_bound_and_prompt_length_are_checked_on_entry():
-    engine, _ = make_engine(max_waiting=3)
+    # The loop is not running, so every admitted choice stays queued; one of the
+    # two fills the free slot, the other waits.
+    engine, _ = make_engine(max_num_seqs=1, max_waiting=2)
     async with engine.generate([97], SamplingParams(), n=2):
         with pytest.raises(QueueFullError):
             async with engine.generate([97], SamplingParams(), n=2):
@@ -148,9 +151,22 @@ async def test_queue_bound_and_prompt_length_are_checked_on_entry():
         async with engine.generate([97], SamplingParams(), n=1):
             pass
     # An empty queue admits even a request larger than the bound.
-    idle_engine, _ = make_engine(max_waiting=3)
+    idle_engine, _ = make_engine(max_num_seqs=1, max_waiting=2)
     async with idle_engine.generate([97], SamplingParams(), n=5):
         pass
+
+
+async def test_queue_bound_counts_only_choices_beyond_the_free_slots():
+    """A burst that the engine has not yet scheduled (an idle engine holds its first
+    step for the rest of a burst) is not refused while slots are free for it."""
+    engine, _ = make_engine(max_num_seqs=4, max_waiting=1)
+    async with contextlib.AsyncExitStack() as admitted:
+        for _ in range(5):  # four for the free slots, one waits
+            await admitted.enter_async_context(engine.generate([97], SamplingParams()))
+        assert engine.stats().num_waiting_seqs == 5
+        with pytest.raises(QueueFullError):
+            async with engine.generate([97], SamplingParams()):
+                pass
     with pytest.raises(PromptTooLongError):
         async with engine.generate([97] * 128, SamplingParams()):
             pass
