@@ -82,7 +82,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     group.add_argument("--kv-cache-memory", type=parse_size, default=1 << 30, help="KV cache size, e.g. 1GiB")
     group.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (overrides --kv-cache-memory)")
-    group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait; beyond it requests get 429")
+    group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait for a free sequence slot; beyond it requests get 429")
     group.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prefixes")
     group.add_argument(
         "--step-timeout",
