@@ -22,10 +22,10 @@ class EngineConfig:
 
     `max_model_len=None` takes the model's own context length. The KV cache is
     `num_kv_blocks` blocks of `block_size` tokens when given, else as many as fit in
-    `kv_cache_memory_bytes`. `max_waiting` bounds the choices waiting for a sequence slot
-    (those beyond the free ones of `max_num_seqs`); past it `Engine.generate`
-    raises `QueueFullError`. `step_timeout` is
-    the watchdog: a model step running longer than that many seconds marks the
+    `kv_cache_memory_bytes`. `max_waiting` bounds the choices waiting for a
+    sequence slot (those beyond the free ones of `max_num_seqs`); past it
+    `Engine.generate` raises `QueueFullError`. `step_timeout` is the watchdog:
+    a model step running longer than that many seconds marks the
     engine failed (None: no watchdog). `stream_interval` is how many tokens a
     choice's channel receives per delta: 1 delivers every token as it is made;
     larger values hold tokens back and deliver them together (the first token and

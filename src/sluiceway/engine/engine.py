@@ -158,8 +158,8 @@ class Engine:
 
         Each channel delivers `ChoiceDelta`s; the last has a finish_reason and then
         the channel ends. On entry raises EngineUnhealthyError (failed or
-        draining), QueueFullError (more than `max_waiting` choices would wait for a slot) or
-        PromptTooLongError. Leaving the block for any reason (finished, error,
+        draining), QueueFullError (more than `max_waiting` choices would wait for
+        a sequence slot) or PromptTooLongError. Leaving the block for any reason (finished, error,
         cancellation) aborts the unfinished choices without blocking; the engine
         frees their KV blocks before its next step.
         """
