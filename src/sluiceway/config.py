@@ -25,8 +25,8 @@ class EngineConfig:
     `kv_cache_memory_bytes`. `max_waiting` bounds the choices waiting for a
     sequence slot (those beyond the free ones of `max_num_seqs`); past it
     `Engine.generate` raises `QueueFullError`. `step_timeout` is the watchdog:
-    a model step running longer than that many seconds marks the
-    engine failed (None: no watchdog). `stream_interval` is how many tokens a
+    a model step running longer than that many seconds marks the engine failed
+    (None: no watchdog). `stream_interval` is how many tokens a
     choice's channel receives per delta: 1 delivers every token as it is made;
     larger values hold tokens back and deliver them together (the first token and
     the last delta go out at once), so a streaming consumer formats and writes

@@ -154,6 +154,9 @@ async def test_queue_bound_and_prompt_length_are_checked_on_entry():
     idle_engine, _ = make_engine(max_num_seqs=1, max_waiting=2)
     async with idle_engine.generate([97], SamplingParams(), n=5):
         pass
+    with pytest.raises(PromptTooLongError):
+        async with engine.generate([97] * 128, SamplingParams()):
+            pass
 
 
 async def test_queue_bound_counts_only_choices_beyond_the_free_slots():
@@ -167,9 +170,6 @@ async def test_queue_bound_counts_only_choices_beyond_the_free_slots():
         with pytest.raises(QueueFullError):
             async with engine.generate([97], SamplingParams()):
                 pass
-    with pytest.raises(PromptTooLongError):
-        async with engine.generate([97] * 128, SamplingParams()):
-            pass
 
 
 async def test_step_runs_in_a_worker_thread_while_the_loop_serves():

@@ -159,9 +159,9 @@ class Engine:
         Each channel delivers `ChoiceDelta`s; the last has a finish_reason and then
         the channel ends. On entry raises EngineUnhealthyError (failed or
         draining), QueueFullError (more than `max_waiting` choices would wait for
-        a sequence slot) or PromptTooLongError. Leaving the block for any reason (finished, error,
-        cancellation) aborts the unfinished choices without blocking; the engine
-        frees their KV blocks before its next step.
+        a sequence slot) or PromptTooLongError. Leaving the block for any reason
+        (finished, error, cancellation) aborts the unfinished choices without
+        blocking; the engine frees their KV blocks before its next step.
         """
         request_id, receivers = self._submit(prompt_token_ids, params, n)
         try:
@@ -180,7 +180,10 @@ class Engine:
         if not self.healthy:
             raise EngineUnhealthyError(self._failure or "the engine is shutting down")
         self._core.check_prompt(prompt_token_ids)
-        if self._choices_beyond_free_slots(n) > self.config.max_waiting:
+        waiting = self._choices_waiting_for_a_slot()
+        # An empty queue always admits, so a request with n > max_waiting is not
+        # refused forever on an idle server.
+        if waiting and waiting + n > self.config.max_waiting:
             raise QueueFullError(f"more than {self.config.max_waiting} choices are waiting")
         request_id = next(self._request_ids)
         # One delta per generated token, plus a flush or an error: a send never blocks.
@@ -193,19 +196,15 @@ class Engine:
         )
         return request_id, tuple(r for _, r in channels)
 
-    def _choices_beyond_free_slots(self, n: int) -> int:
-        """How many choices would wait for a sequence slot once `n` more were
-        admitted; 0 while nothing waits for one yet, so a request with n >
-        max_waiting is not refused forever on an idle server.
+    def _choices_waiting_for_a_slot(self) -> int:
+        """The choices not yet running beyond the free sequence slots.
 
         Counting against the free slots, not every choice not yet running, keeps
         the bound the same whether or not the loop has already scheduled what
         arrived just before (it holds an idle engine's first step for a burst)."""
         stats = self.stats()
         free_slots = max(0, self.config.max_num_seqs - stats.num_running_seqs)
-        if stats.num_waiting_seqs <= free_slots:
-            return 0
-        return stats.num_waiting_seqs + n - free_slots
+        return max(0, stats.num_waiting_seqs - free_slots)
 
     # ---- the loop ----------------------------------------------------------------
 
