@@ -65,6 +65,8 @@ def main() -> int:
     p.add_argument("--max-waiting", type=int, default=256)
     p.add_argument("--request-timeout", type=float, default=None)
     p.add_argument("--drain-grace", type=float, default=30.0)
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0)
+    p.add_argument("--send-stall-timeout", type=float, default=30.0)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
@@ -84,6 +86,8 @@ def main() -> int:
         port=args.port,
         request_timeout=args.request_timeout,
         drain_grace_seconds=args.drain_grace,
+        keep_alive_timeout=args.keep_alive_timeout,
+        send_stall_timeout=args.send_stall_timeout,
     )
 
     async def run() -> None:

@@ -184,6 +184,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = ServerConfig(
         host=args.host,
         port=args.port,
+    g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
+    g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
         request_timeout=args.request_timeout,
         api_keys=tuple(args.api_key),
         allowed_origins=tuple(args.allowed_origins),
@@ -200,6 +202,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
+        keep_alive_timeout=args.keep_alive_timeout,
+        send_stall_timeout=args.send_stall_timeout,
     p = sub.add_parser("generate", help="generate text offline (no server)")
     p.add_argument("prompt", nargs="+", help="one or more prompts (each is a separate request)")
     add_model_flags(p)

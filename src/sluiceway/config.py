@@ -99,3 +99,8 @@ class ServerConfig:
     drain_grace_seconds: float = attrs.field(default=30.0, validator=_positive)
     max_body_bytes: int = attrs.field(default=4 << 20, validator=_positive)
     body_timeout: float = attrs.field(default=60.0, validator=_positive)
+    # An idle keep-alive connection is closed after this long, whatever it served.
+    keep_alive_timeout: float = attrs.field(default=5.0, validator=_positive)
+    # A client that takes none of the bytes waiting for it for this long is cut
+    # off: its request is aborted and its connection reset.
+    send_stall_timeout: float = attrs.field(default=30.0, validator=_positive)

@@ -19,7 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from sluiceway.api import tcp_server
+from sluiceway.api import connection_limits, tcp_server
 from sluiceway.api.app import SluicewayApp, create_app
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
@@ -27,8 +27,10 @@ from sluiceway.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
-# After the grace period, how long cut requests get to write their last event.
-_CUT_SECONDS = 2.0
+# After the grace period, how long cut requests get to write their last event; a
+# client that has not taken it by then is reset. A client reading its stream takes
+# it within milliseconds.
+_CUT_SECONDS = 0.5
 
 
 @attrs.frozen(eq=False)
@@ -49,7 +51,12 @@ class RunningServer:
         self.state.cut_open_requests()
 
 
-async def _drain_when(stop: trio.Event, state: ServerState, hypercorn_stop: trio.Event) -> None:
+async def _drain_when(
+    stop: trio.Event,
+    state: ServerState,
+    limits: connection_limits.ConnectionLimits,
+    hypercorn_stop: trio.Event,
+) -> None:
     await stop.wait()
     log.info(
         "draining: %d open requests, grace %.0f s",
@@ -62,6 +69,7 @@ async def _drain_when(stop: trio.Event, state: ServerState, hypercorn_stop: trio
     state.cut_open_requests()
     with trio.move_on_after(_CUT_SECONDS):
         await state.wait_idle()
+    limits.cut_sends()  # nothing waits on a client that does not read
     hypercorn_stop.set()
 
 
@@ -83,6 +91,15 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = _CUT_SECONDS + 1.0
     config.include_server_header = False
+    config.keep_alive_timeout = server_config.keep_alive_timeout
+    connection_limits.attach(
+        config,
+        connection_limits.ConnectionLimits(
+            max_body_bytes=server_config.max_body_bytes,
+            body_timeout=server_config.body_timeout,
+            send_stall_timeout=server_config.send_stall_timeout,
+        ),
+    )
     return config
 
 
@@ -110,6 +127,7 @@ async def serve_async(
     if not tcp_server.install():
         log.info("hypercorn's own TCP send in use (the immediate send does not apply here)")
     stop, hypercorn_stop = trio.Event(), trio.Event()
+    config = hypercorn_config(server_config)
     async with trio.open_nursery() as engine_nursery:
         await engine_nursery.start(engine.run)
         async with trio.open_nursery() as http:
@@ -117,7 +135,7 @@ async def serve_async(
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 await hypercorn_serve(
                     app,
-                    hypercorn_config(server_config),
+                    config,
                     shutdown_trigger=hypercorn_stop.wait,
                     task_status=task_status,
                 )
@@ -125,7 +143,7 @@ async def serve_async(
 
             binds = await http.start(run_http)
             running = RunningServer(binds[0], app, state, stop)
-            http.start_soon(_drain_when, stop, state, hypercorn_stop)
+            http.start_soon(_drain_when, stop, state, connection_limits.of(config), hypercorn_stop)
             if handle_signals:
                 http.start_soon(_watch_signals, running)
             log.info("serving %s at %s", model_name, running.url)

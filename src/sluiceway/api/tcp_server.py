@@ -12,10 +12,14 @@ throughput rose by a factor of 1.035.
 
 `ImmediateSendTCPServer.protocol_send` first tries one non-blocking write on the
 plain TCP socket when no other send holds the lock. Whatever the kernel does not
-take goes out through hypercorn's own locked, shielded path before anything else
-can be sent, so bytes are never reordered or torn. TLS streams, a held lock and a
-failed write all take hypercorn's path unchanged (which reports a closed
-connection the usual way).
+take goes out under the lock, shielded, before anything else can be sent, so bytes
+are never reordered or torn.
+
+hypercorn's shielded send had no bound: a client that stopped reading held its
+request, the tokens queued for it and its connection for as long as it kept the
+socket open, and a drain never ended. Here a send that the client takes no bytes
+of for `--send-stall-timeout` seconds, or that is still waiting when the drain
+ends, resets the connection, which aborts its request (`ConnectionLimits`).
 
 It also half-closes a connection after a response that must be its last (HTTP/1.0,
 `Connection: close`), which hypercorn leaves open (`_end_of_connection`).
@@ -23,57 +27,115 @@ It also half-closes a connection after a response that must be its last (HTTP/1.
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
+import struct
 import sys
+from contextlib import suppress
 
 import h11
+import hypercorn.protocol
 import trio
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
+
+from sluiceway.api import connection_limits
+from sluiceway.api.h11_protocol import RecyclingH11Protocol
+
+log = logging.getLogger(__name__)
 
 
 class ImmediateSendTCPServer(TCPServer):
     async def protocol_send(self, event: Event) -> None:
         """Send `event` as hypercorn would. Not a checkpoint when the bytes go out at
-        once; otherwise cancellation behaves as in hypercorn (a send in progress is
-        shielded, so a response is never cut in the middle of a write). After the
-        last bytes of a response that must end its connection, half-closes it."""
-        await self._send_event(event)
-        if isinstance(event, RawData) and self._response_must_close():
-            await self._end_of_connection()
+        once. A send in progress is shielded, so a response is never cut in the
+        middle of a write, but bounded: a client that takes none of its bytes for
+        `--send-stall-timeout` seconds (or any client still being waited on when
+        the drain ends, `ConnectionLimits.cut_sends`) has its connection reset,
+        which ends its request. After the last bytes of a response that must end
+        its connection, half-closes it. Closing and keep-alive bookkeeping run
+        shielded: they may be asked for by a request's task that is being
+        cancelled, and skipping them leaks the connection."""
+        if isinstance(event, RawData):
+            await self._send_data(event.data)
+            if self._response_must_close():
+                await self._end_of_connection()
+        elif isinstance(event, Closed | Updated):
+            with trio.CancelScope(shield=True):
+                await super().protocol_send(event)
+        else:
+            await super().protocol_send(event)
 
-    async def _send_event(self, event: Event) -> None:
-        if isinstance(event, RawData) and not self.send_lock.locked():
+    async def _send_data(self, data: bytes) -> None:
+        if not self.send_lock.locked():
             fd = plain_socket_fd(self.stream)
             if fd is not None:
-                data = event.data
                 try:
                     sent = os.write(fd, data)
                 except BlockingIOError:
                     sent = 0
                 except OSError:
-                    sent = -1  # gone: hypercorn's path raises and reports Closed
+                    sent = -1  # gone: the bounded send below reports Closed
                 if sent == len(data):
                     return
                 if sent > 0:
-                    await self._send_rest(memoryview(data)[sent:])
+                    # Nothing has yielded since the lock was seen free, so it is still
+                    # free: take it without a checkpoint, which could be cancelled and
+                    # leave the first part of a chunk on the wire without the rest.
+                    self.send_lock.acquire_nowait()
+                    try:
+                        await self._send_bounded(memoryview(data)[sent:])
+                    finally:
+                        self.send_lock.release()
                     return
-        await super().protocol_send(event)
+        async with self.send_lock:
+            await self._send_bounded(memoryview(data))
 
-    async def _send_rest(self, rest: memoryview) -> None:
-        # Nothing has yielded since the lock was seen free, so it is still free:
-        # take it without a checkpoint, which could be cancelled and leave the
-        # first part of a chunk on the wire without the rest.
-        self.send_lock.acquire_nowait()
-        try:
-            with trio.CancelScope(shield=True):
-                await self.stream.send_all(rest)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await self.protocol.handle(Closed())
-        finally:
-            self.send_lock.release()
+    async def _send_bounded(self, data: memoryview) -> None:
+        """Send all of `data` (the caller holds `send_lock`), shielded from
+        cancellation but not from a stalled client: see `protocol_send`."""
+        with trio.CancelScope(shield=True):
+            try:
+                delivered = await self._send_while_client_reads(data)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+                return
+            if not delivered:
+                log.info("reset a connection whose client took no bytes in time")
+                await self._reset()
+                await self.protocol.handle(Closed())
 
+    async def _send_while_client_reads(self, data: memoryview) -> bool:
+        """Send `data`; False, having sent only part, once the client has taken
+        nothing for the stall timeout (each byte it takes restarts the clock)."""
+        limits = connection_limits.of(self.config)
+        plain = type(self.stream) is trio.SocketStream
+        while data:
+            with trio.CancelScope(deadline=limits.send_deadline()) as waiting:
+                limits.track(waiting)
+                if plain:
+                    sent = await self.stream.socket.send(data)
+                else:  # TLS: the stream sends it all or nothing
+                    await self.stream.send_all(data)
+                    sent = len(data)
+            if waiting.cancelled_caught:
+                return False
+            data = data[sent:]
+        return True
+
+    async def _reset(self) -> None:
+        """Close with a reset, not a FIN after the unsent bytes: the kernel drops
+        what the client would not take instead of holding it for minutes."""
+        sock = getattr(self.stream, "socket", None) or getattr(
+            getattr(self.stream, "transport_stream", None), "socket", None
+        )
+        if sock is not None:
+            with suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await trio.aclose_forcefully(self.stream)
 
     def _response_must_close(self) -> bool:
         # h11 says so after a response to HTTP/1.0 without keep-alive or to
@@ -107,10 +169,14 @@ def plain_socket_fd(stream: object) -> int | None:
 
 
 def install() -> bool:
-    """Make hypercorn's trio worker (`hypercorn.trio.serve`) build its connections
-    with `ImmediateSendTCPServer`. Idempotent. Returns False, changing nothing,
-    where a plain `os.write` cannot send on a socket (Windows) or hypercorn's
-    worker no longer builds `TCPServer` the way this was written against."""
+    """Make hypercorn's trio worker (`hypercorn.trio.serve`) build its HTTP/1.1
+    connections with `RecyclingH11Protocol` (see its module) and its TCP
+    connections with `ImmediateSendTCPServer`. Idempotent. Returns False, leaving
+    hypercorn's TCP server in place, where a plain `os.write` cannot send on a
+    socket (Windows) or hypercorn's worker no longer builds `TCPServer` the way
+    this was written against."""
+    if hypercorn.protocol.H11Protocol is H11Protocol:
+        hypercorn.protocol.H11Protocol = RecyclingH11Protocol  # type: ignore[misc]
     if sys.platform == "win32":
         return False
     current = getattr(hypercorn_run, "TCPServer", None)
