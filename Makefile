@@ -49,7 +49,7 @@ LOAD_USERS ?= 16
 FUZZ_SECONDS ?= 60
 SOAK_REQUESTS ?= 5000
 
-.PHONY: load fuzz soak overload
+.PHONY: load fuzz soak overload adversarial
 
 load: install
 	$(BIN)/python load_tests/run_load.py --time $(LOAD_TIME) -u $(LOAD_USERS) --out results/load
@@ -63,3 +63,8 @@ soak: install
 
 overload: install
 	$(BIN)/python load_tests/overload.py --seconds 30 --out results/overload
+
+# Attacks by adversarial clients against the default model, each followed by
+# health, engine, fd and RSS checks, then SIGTERM (load_tests/adversarial.py).
+adversarial: install
+	$(BIN)/python load_tests/adversarial.py --out results/adversarial
