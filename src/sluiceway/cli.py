@@ -175,6 +175,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--drain-grace", type=_positive_float, default=30.0, help="seconds open streams may finish after SIGTERM")
     g.add_argument("--max-body-size", type=parse_size, default=4 << 20, help="largest request body accepted")
     g.add_argument("--body-timeout", type=_positive_float, default=60.0, help="seconds a request body may take to arrive (then 408)")
+    g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
+    g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -184,14 +186,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = ServerConfig(
         host=args.host,
         port=args.port,
-    g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
-    g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
         request_timeout=args.request_timeout,
         api_keys=tuple(args.api_key),
         allowed_origins=tuple(args.allowed_origins),
         drain_grace_seconds=args.drain_grace,
         max_body_bytes=args.max_body_size,
         body_timeout=args.body_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        send_stall_timeout=args.send_stall_timeout,
     )
     try:
         engine = engine_config(args)
@@ -202,8 +204,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
-        keep_alive_timeout=args.keep_alive_timeout,
-        send_stall_timeout=args.send_stall_timeout,
     p = sub.add_parser("generate", help="generate text offline (no server)")
     p.add_argument("prompt", nargs="+", help="one or more prompts (each is a separate request)")
     add_model_flags(p)
