@@ -101,11 +101,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--event-loop-decode-max-seqs",
         type=_non_negative_int,
-        default=1,
+        default=0,
         metavar="N",
         help="decode steps of at most N sequences run on the event loop's own thread, "
-        "without the watchdog (one int4 stream on a 2-core CPU: x1.03-1.05); 0: every step on "
-        "the model thread (default 1)",
+        "without the watchdog (one int4 stream on a 2-core CPU: x1.03-1.05), but nothing, "
+        "/health included, is answered while such a step runs; 0: every step on the model "
+        "thread (default 0)",
     )
     group.add_argument(
         "--burst-window",

@@ -35,14 +35,16 @@ class EngineConfig:
     per token, but nothing else is served while a step runs, so it excludes the
     `step_timeout` watchdog. Without it, a step that only decodes
     `event_loop_decode_max_seqs` sequences or fewer still runs on the event loop's
-    thread (0: never): for one stream that saves two wake-ups across threads and
-    the loop's contention with the step for the cores, and nothing else is waiting
-    to be served. The watchdog does not cover those steps. `burst_window` is how
-    many seconds an idle engine, woken by a request, may hold its first step
-    while the server is still busy (taking in the rest of a burst of parallel
-    requests), so that the burst is prefilled in one step rather than the first
-    request alone and the rest after it; the step starts as soon as the server
-    has had nothing to do for half a millisecond (0: at once).
+    thread (0, the default: never): for one stream that saves two wake-ups across
+    threads and the loop's contention with the step for the cores, but the loop
+    answers nothing (`/health` included) while such a step runs: on a busy 2-core
+    host one stream kept `/health` waiting for seconds. The watchdog does not
+    cover those steps.
+    `burst_window` is how many seconds an idle engine, woken by a request, may
+    hold its first step while the server is still busy (taking in the rest of a
+    burst of parallel requests), so that the burst is prefilled in one step
+    rather than the first request alone and the rest after it; the step starts as
+    soon as the server has had nothing to do for half a millisecond (0: at once).
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)
@@ -56,7 +58,7 @@ class EngineConfig:
     step_timeout: float | None = attrs.field(default=None, validator=_positive)
     stream_interval: int = attrs.field(default=1, validator=_positive)
     steps_on_event_loop: bool = False
-    event_loop_decode_max_seqs: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    event_loop_decode_max_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     burst_window: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
 
     def __attrs_post_init__(self) -> None:

@@ -60,9 +60,18 @@ def _model_ident(log: list[tuple]) -> int:
     return log[0][1]  # the first step is a prefill, which never runs on the loop
 
 
-async def test_a_lone_decode_runs_on_the_event_loop_and_more_go_back_to_the_model_thread():
+async def test_by_default_no_step_runs_on_the_event_loop():
+    # A step on the loop's thread holds every other request, /health included, for
+    # as long as it runs; the default keeps the loop free even for a lone decode.
     log: list[tuple] = []
     await _run(log, [(1, 3), (2, 2)])
+    assert [entry[0] for entry in log] == ["step"] * 5  # and never a move to free a team
+    assert threading.get_ident() not in {entry[1] for entry in log}
+
+
+async def test_a_lone_decode_runs_on_the_event_loop_and_more_go_back_to_the_model_thread():
+    log: list[tuple] = []
+    await _run(log, [(1, 3), (2, 2)], event_loop_decode_max_seqs=1)
     loop, model = threading.get_ident(), _model_ident(log)
     assert model != loop
     assert log == [

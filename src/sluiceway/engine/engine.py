@@ -2,9 +2,10 @@
 
 Data flow: callers `send_nowait` messages into the loop's inbox; the loop is the
 only task that touches the `EngineCore`; it runs each step on the model thread
-(a decode of a lone sequence on its own thread) and delivers deltas with
-`send_nowait` into per-choice channels sized so that a send can never block. A
-slow or vanished reader therefore never stalls the loop or another stream.
+(a small decode on the event loop's own thread, if configured) and delivers
+deltas with `send_nowait` into per-choice channels sized so that a send can
+never block. A slow or vanished reader therefore never stalls the loop or
+another stream.
 """
 
 from __future__ import annotations
@@ -76,15 +77,15 @@ class Engine:
         openmp_pool_release: Callable[[], None] | None = None,
     ) -> None:
         """`model_thread` runs the steps; pass the thread that loaded the model (see
-        `model_thread.py`). Without one, the engine starts its own and stops it
-        when `run` ends, or, with `config.steps_on_event_loop`, steps on the event
-        loop's thread. Decodes of at most `config.event_loop_decode_max_seqs`
-        sequences run on the event loop's thread too; each time steps move between
+        `model_thread.py`): the engine then owns it and stops it when `run` ends.
+        Without one, the engine starts its own, or, with
+        `config.steps_on_event_loop`, steps on the event loop's thread. Decodes of
+        at most `config.event_loop_decode_max_seqs` (default 0: none) sequences
+        run on the event loop's thread too; each time steps move between
         the threads, the one they leave first runs `openmp_pool_release` (default:
         `find_openmp_pool_release()`; where that finds no way to free a team, steps
         never move)."""
         self.tokenizer = tokenizer
-        self._owns_thread = model_thread is None
         if model_thread is None:
             model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
         self._model_thread = model_thread
@@ -117,6 +118,7 @@ class Engine:
         self._request_ids = itertools.count()
         self._failure: str | None = None
         self._closed = False
+        self._abandoned_step = False  # the watchdog left a step running on the model thread
         self._step_boundary = trio.lowlevel.ParkingLot()
 
     # ---- caller side ------------------------------------------------------------
@@ -215,8 +217,11 @@ class Engine:
         A failing step does not raise out of here: every open choice receives an
         error delta, the engine turns unhealthy and later requests are refused.
         On cancellation the step in flight finishes and its tokens are delivered
-        (a thread cannot be interrupted; with a watchdog the step is abandoned
-        instead), then every open choice receives an error delta.
+        (a thread cannot be interrupted; only the watchdog abandons a step, so
+        the wait is bounded by `step_timeout`), then every open choice receives
+        an error delta. Whenever it ends, it stops the model thread and returns
+        only once that thread has exited, unless the watchdog abandoned a step on
+        it (then the thread exits when that step returns).
         """
         task_status.started()
         try:
@@ -248,8 +253,12 @@ class Engine:
         finally:
             if self._failure is None:
                 self._fail("the engine stopped")
-            if self._owns_thread:
-                self._model_thread.stop()
+            self._model_thread.stop()
+            if not self._abandoned_step:
+                # No torch may run once the caller's trio.run returns: the
+                # interpreter may be exiting (see `ModelThread.join`).
+                with trio.CancelScope(shield=True):
+                    await self._model_thread.join()
 
     async def _let_burst_arrive(self) -> None:
         """Return once the event loop has had nothing to run for `_BURST_QUIET`
@@ -296,12 +305,16 @@ class Engine:
 
         A thread cannot be interrupted, so a hung step is abandoned: the engine
         stops using the core and fails, rather than leaving every request waiting.
+        Only the watchdog abandons a step: cancellation from outside waits for it
+        (the shield), since a step abandoned at shutdown would still be running
+        torch while the interpreter exits, which aborts the process.
         """
         timeout = self.config.step_timeout
         if timeout is None:
             return await self._model_thread.run(self._core.step)
-        with trio.move_on_after(timeout):
+        with trio.CancelScope(deadline=trio.current_time() + timeout, shield=True):
             return await self._model_thread.run(self._core.step, abandon_on_cancel=True)
+        self._abandoned_step = True
         return None
 
     def _drain_inbox(self) -> None:

@@ -63,6 +63,16 @@ class ModelThread:
         if self._thread.ident is not None:
             self._jobs.put((_STOP, _ignore))
 
+    async def join(self) -> None:
+        """Wait, from trio, until the thread has exited (at once if it never
+        started); call `stop` first, and never while a job hangs. Cancellation
+        waits too. Why it matters: a daemon thread that is still inside torch when
+        the interpreter finalizes is ended by `pthread_exit` as it takes the GIL
+        back, and that unwinding through torch's C++ frames aborts the whole
+        process ("terminate called without an active exception", SIGABRT)."""
+        if self._thread.ident is not None:
+            await trio.to_thread.run_sync(self._thread.join)
+
     def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the model thread and wait for it (for code outside trio)."""
         if threading.current_thread() is self._thread:
@@ -141,6 +151,9 @@ class CallingThread:
 
     def stop(self) -> None:
         """Nothing to stop: there is no thread of its own."""
+
+    async def join(self) -> None:
+        """Nothing to wait for: there is no thread of its own."""
 
 
 StepThread = ModelThread | CallingThread  # where an engine runs its steps
