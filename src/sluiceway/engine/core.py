@@ -8,7 +8,7 @@ serving, so scheduling, detokenization and stop checks never stall other streams
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import attrs
 
@@ -69,10 +69,18 @@ class EngineCore:
     # ---- requests -------------------------------------------------------------
 
     def add_request(
-        self, request_id: int, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1
+        self,
+        request_id: int,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        n: int = 1,
+        *,
+        group: Hashable = None,
     ) -> list[int]:
         """Queue `n` choices of one prompt; returns their sequence ids (choice order).
 
+        Requests of one `group` (say, the prompts of one client request) share one
+        fair turn for sequence slots; None gives the request a group of its own.
         Raises PromptTooLongError if the prompt leaves no room for one new token,
         ValueError for an empty prompt or a duplicate request id.
         """
@@ -82,6 +90,9 @@ class EngineCore:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seqs = [self._new_sequence(request_id, j, prompt_token_ids, params, seed) for j in range(n)]
         for seq in seqs:
+            # Without a group the request is its own, keyed apart from the ints and
+            # objects callers pass as groups.
+            seq.group = ("request", request_id) if group is None else group
             self._seqs[seq.seq_id] = seq
             self.scheduler.add(seq)
         self._requests[request_id] = seqs

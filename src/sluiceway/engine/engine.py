@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -52,6 +52,7 @@ class _AddRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     senders: tuple[trio.MemorySendChannel[ChoiceDelta], ...]
+    group: Hashable = None
 
 
 @attrs.frozen
@@ -154,9 +155,16 @@ class Engine:
 
     @asynccontextmanager
     async def generate(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, *, n: int = 1
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        n: int = 1,
+        group: Hashable = None,
     ) -> AsyncIterator[tuple[ChoiceChannel, ...]]:
         """Generate `n` choices for one prompt; yields one receive channel per choice.
+        Calls with the same `group` (the prompts of one client request) share one
+        fair turn for sequence slots (see `Scheduler`); None: a group of its own.
 
         Each channel delivers `ChoiceDelta`s; the last has a finish_reason and then
         the channel ends. On entry raises EngineUnhealthyError (failed or
@@ -165,7 +173,7 @@ class Engine:
         (finished, error, cancellation) aborts the unfinished choices without
         blocking; the engine frees their KV blocks before its next step.
         """
-        request_id, receivers = self._submit(prompt_token_ids, params, n)
+        request_id, receivers = self._submit(prompt_token_ids, params, n, group)
         try:
             yield receivers
         finally:
@@ -175,7 +183,7 @@ class Engine:
                 self._inbox_send.send_nowait(_AbortRequest(request_id))
 
     def _submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int, group: Hashable
     ) -> tuple[int, tuple[ChoiceChannel, ...]]:
         if n < 1:
             raise ValueError("n must be at least 1")
@@ -194,7 +202,13 @@ class Engine:
         self._live_requests.add(request_id)
         self._queued_choices += n
         self._inbox_send.send_nowait(
-            _AddRequest(request_id, tuple(prompt_token_ids), params, tuple(s for s, _ in channels))
+            _AddRequest(
+                request_id,
+                tuple(prompt_token_ids),
+                params,
+                tuple(s for s, _ in channels),
+                group,
+            )
         )
         return request_id, tuple(r for _, r in channels)
 
@@ -333,7 +347,11 @@ class Engine:
         if message.request_id not in self._live_requests:
             return  # the caller left before the loop saw the request
         seq_ids = self._core.add_request(
-            message.request_id, message.prompt_token_ids, message.params, len(message.senders)
+            message.request_id,
+            message.prompt_token_ids,
+            message.params,
+            len(message.senders),
+            group=message.group,
         )
         for seq_id, sender in zip(seq_ids, message.senders, strict=True):
             self._senders[seq_id] = (message.request_id, sender)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Hashable
 
 import attrs
 
@@ -37,14 +38,18 @@ class SchedulerOutput:
 
 @attrs.define
 class Scheduler:
-    """FCFS continuous-batching scheduler with chunked prefill and preemption.
+    """Fair continuous-batching scheduler with chunked prefill and preemption.
 
     Each step: running sequences first (a decode is one token; an unfinished
-    prefill continues), then waiting ones in arrival order, within
-    `max_num_batched_tokens` tokens and `max_num_seqs` running sequences. When a
-    running sequence needs a block and none is free, the most recently admitted
-    running sequence is preempted: its blocks are freed and it is recomputed later
-    from its tokens (prompt and outputs so far), first in line.
+    prefill continues), then waiting ones, within `max_num_batched_tokens` tokens
+    and `max_num_seqs` running sequences. Each free slot goes to the waiting
+    sequence whose group (`Sequence.group`, one client request) runs the fewest
+    sequences, the earliest in line among equals: a request with dozens of choices
+    waiting cannot keep a later one out, which starts at the first free slot. With
+    every waiting sequence in its own group this is arrival order. When a running
+    sequence needs a block and none is free, the most recently admitted running
+    sequence is preempted: its blocks are freed and it is recomputed later from its
+    tokens (prompt and outputs so far), first in line within its group.
     """
 
     blocks: BlockManager
@@ -112,22 +117,45 @@ class Scheduler:
         return True
 
     def _admit_waiting(self, budget: int, work: list[ScheduledWork]) -> int:
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return budget
+        running_by_group = Counter(seq.group for seq in self.running)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self._next_waiting(running_by_group)
             if seq.num_computed_tokens == 0 and not seq.block_ids:
                 self._reuse_cached_prefix(seq)
             count = min(seq.num_uncomputed_tokens, budget)
             needed = self._blocks_needed(seq, count)
             if needed > self.blocks.num_free:
-                self._release_blocks(seq)  # give back prefix hits; retry next step
+                # Give back prefix hits and retry next step, still first in line:
+                # skipping it for smaller ones could starve a long prompt.
+                self._release_blocks(seq)
                 break
             seq.block_ids.extend(self.blocks.allocate(needed))
-            self.waiting.popleft()
+            if seq is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(seq)
+            running_by_group[seq.group] += 1
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._schedule(seq, count, work)
             budget -= count
         return budget
+
+    def _next_waiting(self, running_by_group: Counter[Hashable]) -> Sequence:
+        """The first waiting sequence of the group that runs the fewest sequences.
+        Stops at the first group that runs none, so with every waiting sequence in
+        a group of its own (the usual case) this looks at the head only."""
+        best = self.waiting[0]
+        fewest = running_by_group[best.group]
+        for seq in self.waiting:
+            if not fewest:
+                break
+            running = running_by_group[seq.group]
+            if running < fewest:
+                best, fewest = seq, running
+        return best
 
     def _reuse_cached_prefix(self, seq: Sequence) -> None:
         # At least one token must run through the model to produce logits, so a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 
 import attrs
 
@@ -45,6 +46,8 @@ class Sequence:
     `block_ids` (which cover at least that many positions); `block_hashes[i]` is
     the prefix hash of full block i (content-derived, so it survives preemption);
     the first `num_registered_blocks` blocks are offered to the prefix cache.
+    `group` is who the sequence is scheduled fairly for: free sequence slots go
+    first to the group running the fewest sequences (see `Scheduler`).
     """
 
     seq_id: int
@@ -64,6 +67,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     pending_logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    group: Hashable = None
 
     @property
     def num_tokens(self) -> int:
