@@ -175,6 +175,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--allowed-origins", action="append", default=[], help="CORS origin; repeat for several, or '*'")
     g.add_argument("--drain-grace", type=_positive_float, default=30.0, help="seconds open streams may finish after SIGTERM")
     g.add_argument("--max-body-size", type=parse_size, default=4 << 20, help="largest request body accepted")
+    g.add_argument(
+        "--max-choices-per-request",
+        type=_positive_int,
+        default=128,
+        metavar="N",
+        help="most choices (prompts x n) one request may ask for; more is a 400 (default 128, "
+        "OpenAI's cap on n)",
+    )
     g.add_argument("--body-timeout", type=_positive_float, default=60.0, help="seconds a request body may take to arrive (then 408)")
     g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
     g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
@@ -192,6 +200,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allowed_origins=tuple(args.allowed_origins),
         drain_grace_seconds=args.drain_grace,
         max_body_bytes=args.max_body_size,
+        max_choices_per_request=args.max_choices_per_request,
         body_timeout=args.body_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         send_stall_timeout=args.send_stall_timeout,

@@ -100,6 +100,10 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()
     drain_grace_seconds: float = attrs.field(default=30.0, validator=_positive)
     max_body_bytes: int = attrs.field(default=4 << 20, validator=_positive)
+    # Prompts x n of one request. 128 is OpenAI's own cap on n, so every n valid
+    # there is valid here for one prompt; half the default `max_waiting`, so one
+    # request alone never fills the waiting queue (and every other client gets 429).
+    max_choices_per_request: int = attrs.field(default=128, validator=_positive)
     body_timeout: float = attrs.field(default=60.0, validator=_positive)
     # An idle keep-alive connection is closed after this long, whatever it served.
     keep_alive_timeout: float = attrs.field(default=5.0, validator=_positive)

@@ -64,6 +64,8 @@ class RequestRun:
     deadline_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     drain_scope: trio.CancelScope | None = None
     error: str | None = None
+    # The engine schedules the prompts of one request as one fair share.
+    group: object = attrs.field(factory=object)
 
     @property
     def timed_out(self) -> bool:
@@ -104,7 +106,7 @@ async def admit(
     for i, prompt in enumerate(run.prompts):
         try:
             got = await stack.enter_async_context(
-                state.engine.generate(prompt.token_ids, params, n=run.n)
+                state.engine.generate(prompt.token_ids, params, n=run.n, group=run.group)
             )
         except QueueFullError:
             raise queue_full() from None

@@ -25,14 +25,16 @@ from sluiceway.api.chunk_socket import ChunkSocket
 from sluiceway.api.connection import connection_nursery, connection_send
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.prompts import Prompt
 from sluiceway.api.responses import ChatShape, CompletionShape, Shape, full_response
 from sluiceway.api.state import ServerState
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import (
+    ChatRequest,
     CommonRequest,
+    CompletionRequest,
     parse_chat_request,
     parse_completion_request,
-    parse_json,
 )
 from sluiceway.engine.outputs import ChoiceDelta
 
@@ -49,18 +51,25 @@ def _check_model(state: ServerState, model: str | None) -> None:
         raise errors.model_not_found(model)
 
 
-async def _body() -> Any:
-    return parse_json(await request.get_data(cache=False))
-
-
 @blueprint.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     state = _state()
     started = trio.current_time()
     state.check_accepting()
-    req = parse_chat_request(await _body(), state.vocab_size)
-    _check_model(state, req.model)
-    ready = await prompts.chat_prompts(state, req.conversations, req.add_generation_prompt)
+    data = await request.get_data(cache=False)
+
+    def prepare() -> tuple[ChatRequest, list[Prompt]]:
+        req = parse_chat_request(
+            prompts.parse_body(data),
+            state.vocab_size,
+            max_choices=state.server_config.max_choices_per_request,
+            max_messages=state.engine.max_model_len,
+        )
+        _check_model(state, req.model)
+        tok = state.tokenizer
+        return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt)
+
+    req, ready = await prompts.prepare(state, len(data), prepare)
     prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, ChatShape(req, state.token_text), "messages")
@@ -71,9 +80,18 @@ async def completions() -> Response:
     state = _state()
     started = trio.current_time()
     state.check_accepting()
-    req = parse_completion_request(await _body(), state.vocab_size)
-    _check_model(state, req.model)
-    ready = await prompts.completion_prompts(state, req.prompts, req.echo)
+    data = await request.get_data(cache=False)
+
+    def prepare() -> tuple[CompletionRequest, list[Prompt]]:
+        req = parse_completion_request(
+            prompts.parse_body(data),
+            state.vocab_size,
+            max_choices=state.server_config.max_choices_per_request,
+        )
+        _check_model(state, req.model)
+        return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
+
+    req, ready = await prompts.prepare(state, len(data), prepare)
     prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, CompletionShape(req, state.token_text), "prompt")

@@ -37,6 +37,12 @@ class ServerState:
     # Tokenizing a long prompt runs in a worker thread, one at a time: HF fast
     # tokenizers are not meant for concurrent mutation, and one thread is enough.
     tokenize_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    # Preparing a very large request body (see `prompts.prepare`) runs on a thread of
+    # its own, one at a time, so heavy requests queue behind each other, not ahead
+    # of ordinary ones, and never take more than one core. Encoding without
+    # truncation or padding only reads the tokenizer, so the two may run together
+    # (the engine's detokenizer already reads it from the model thread).
+    heavy_input_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
 
     @property
     def tokenizer(self) -> Any:

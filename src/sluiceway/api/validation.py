@@ -21,7 +21,9 @@ from sluiceway.api.errors import APIError, invalid_request
 from sluiceway.engine.sampling_params import InvalidParameterError, SamplingParams
 
 MAX_N = 128
-MAX_CHOICES = 1024
+# Prompts x n per request, unless the caller says otherwise: the server passes
+# `ServerConfig.max_choices_per_request` (`--max-choices-per-request`, default 128).
+MAX_CHOICES = 128
 MAX_PROMPTS = 1024
 MAX_STOP = 64
 MAX_LOGPROBS = 20
@@ -245,11 +247,18 @@ def _sampling_params(
         raise invalid_request(str(exc), exc.param) from None
 
 
-def _common(fields: Fields, n_prompts: int) -> tuple[str | None, int, bool, StreamOptions]:
+def _common(
+    fields: Fields, n_prompts: int, prompt_param: str, max_choices: int
+) -> tuple[str | None, int, bool, StreamOptions]:
     model = fields.str("model", None)
     n = fields.int("n", 1, lo=1, hi=MAX_N)
-    if n * n_prompts > MAX_CHOICES:
-        raise invalid_request(f"A request may ask for at most {MAX_CHOICES} choices in all.", "n")
+    if n * n_prompts > max_choices:
+        raise invalid_request(
+            f"This request asks for {n * n_prompts} choices ({n_prompts} prompt(s) x n={n}); "
+            f"this server allows at most {max_choices} per request "
+            "(--max-choices-per-request).",
+            "n" if n > 1 else prompt_param,
+        )
     stream = fields.bool("stream", False)
     return model, n, stream, _stream_options(fields, stream)
 
@@ -280,8 +289,11 @@ def _prompts(value: Any) -> tuple[str | tuple[int, ...], ...]:
     return prompts
 
 
-def parse_completion_request(body: Any, vocab_size: int) -> CompletionRequest:
-    """Validate a `/v1/completions` body. Raises `APIError` (400) on any bad field."""
+def parse_completion_request(
+    body: Any, vocab_size: int, *, max_choices: int = MAX_CHOICES
+) -> CompletionRequest:
+    """Validate a `/v1/completions` body. Raises `APIError` (400) on any bad field,
+    or when prompts x n exceeds `max_choices`."""
     fields = Fields(body)
     if not fields.has("prompt"):
         raise invalid_request("'prompt' is required.", "prompt")
@@ -289,7 +301,7 @@ def parse_completion_request(body: Any, vocab_size: int) -> CompletionRequest:
     for p in prompts:
         if not isinstance(p, str):
             check_token_ids(p, vocab_size, "prompt")
-    model, n, stream, stream_options = _common(fields, len(prompts))
+    model, n, stream, stream_options = _common(fields, len(prompts), "prompt", max_choices)
     max_tokens = fields.int("max_tokens", 16, lo=1)
     logprobs = fields.int("logprobs", None, lo=0, hi=MAX_LOGPROBS)
     echo = fields.bool("echo", False)
@@ -340,7 +352,11 @@ def _message(value: Any, param: str) -> dict[str, str]:
     return message
 
 
-def parse_conversations(value: Any) -> tuple[tuple[tuple[dict[str, str], ...], ...], bool]:
+def parse_conversations(
+    value: Any, max_messages: int | None = None
+) -> tuple[tuple[tuple[dict[str, str], ...], ...], bool]:
+    """The conversations of a `messages` field and whether it was a batch. A
+    conversation longer than `max_messages` is a 400 before any message is checked."""
     if not isinstance(value, list) or not value:
         raise invalid_request("'messages' must be a non-empty array.", "messages")
     batched = isinstance(value[0], list)
@@ -352,6 +368,13 @@ def parse_conversations(value: Any) -> tuple[tuple[tuple[dict[str, str], ...], .
         if not isinstance(conv, list) or not conv:
             raise invalid_request(
                 "Batch 'messages' must be an array of non-empty message arrays.", "messages"
+            )
+        if max_messages is not None and len(conv) > max_messages:
+            raise invalid_request(
+                f"A conversation may hold at most {max_messages} messages (this model's "
+                f"context length in tokens; every message takes at least one); this one "
+                f"holds {len(conv)}.",
+                "messages",
             )
         out.append(tuple(_message(m, "messages") for m in conv))
     return tuple(out), batched
@@ -368,14 +391,22 @@ def _reject_unsupported(fields: Fields) -> None:
         )
 
 
-def parse_chat_request(body: Any, vocab_size: int) -> ChatRequest:
-    """Validate a `/v1/chat/completions` body. Raises `APIError` (400) on any bad field."""
+def parse_chat_request(
+    body: Any,
+    vocab_size: int,
+    *,
+    max_choices: int = MAX_CHOICES,
+    max_messages: int | None = None,
+) -> ChatRequest:
+    """Validate a `/v1/chat/completions` body. Raises `APIError` (400) on any bad field,
+    when conversations x n exceeds `max_choices`, or when a conversation holds more
+    than `max_messages` messages."""
     fields = Fields(body)
     if not fields.has("messages"):
         raise invalid_request("'messages' is required.", "messages")
-    conversations, batched = parse_conversations(fields.raw("messages"))
+    conversations, batched = parse_conversations(fields.raw("messages"), max_messages)
     _reject_unsupported(fields)
-    model, n, stream, stream_options = _common(fields, len(conversations))
+    model, n, stream, stream_options = _common(fields, len(conversations), "messages", max_choices)
     max_tokens = fields.int("max_completion_tokens", _MISSING, lo=1)
     if max_tokens is _MISSING:
         max_tokens = fields.int("max_tokens", None, lo=1)
