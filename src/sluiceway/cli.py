@@ -186,6 +186,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--body-timeout", type=_positive_float, default=60.0, help="seconds a request body may take to arrive (then 408)")
     g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
     g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
+    g.add_argument("--max-connections", type=_positive_int, default=None, help="open connections at most; more are refused with 503 (default: the file descriptor limit less a reserve)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -204,6 +205,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         send_stall_timeout=args.send_stall_timeout,
+        max_connections=args.max_connections,
     )
     try:
         engine = engine_config(args)

@@ -110,3 +110,6 @@ class ServerConfig:
     # A client that takes none of the bytes waiting for it for this long is cut
     # off: its request is aborted and its connection reset.
     send_stall_timeout: float = attrs.field(default=30.0, validator=_positive)
+    # Open connections at most; None: as many as the descriptor limit leaves room
+    # for (`connection_limits.default_max_connections`).
+    max_connections: int | None = attrs.field(default=None, validator=_positive)

@@ -1,6 +1,7 @@
-"""Idle keep-alive connections against a server process with few file descriptors:
-they are reaped after the keep-alive timeout, whatever they served, so the server
-answers again instead of going silent once its descriptors run out."""
+"""Many connections against a server process with few file descriptors: those
+beyond what the limit leaves room for are refused with a 503 at once, and idle
+keep-alive connections are reaped after the keep-alive timeout whatever they
+served, so the server never goes silent with its descriptors used up."""
 
 from __future__ import annotations
 
@@ -20,32 +21,39 @@ SET_LIMIT_AND_EXEC = (
 )
 
 
-async def _hold_idle_connection(url: str, held: list[trio.SocketStream]) -> None:
+async def _hold_idle_connection(url: str, held: list[trio.SocketStream], statuses: list[bytes]) -> None:
     host, port = url.removeprefix("http://").split(":")
     sock = await trio.open_tcp_stream(host, int(port))
     held.append(sock)
     # /v1/models goes through quart: the kind of response that used to leave its
-    # connection open forever. Not read: whether it is served now or later, the
-    # connection is idle once it has been.
+    # connection open forever.
     await sock.send_all(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n")
+    with trio.fail_after(10):  # served or refused, never left waiting
+        statuses.append((await sock.receive_some(65536))[:12])
 
 
-async def test_idle_connections_beyond_the_fd_limit_do_not_silence_the_server(
+async def test_connections_beyond_the_fd_limit_are_refused_and_idle_ones_reaped(
     tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     fake = ServerProcess.fake(tokenizer_dir, ["--keep-alive-timeout", "1"], tmp_path / "server.log")
     server = ServerProcess([sys.executable, "-c", SET_LIMIT_AND_EXEC, *fake.argv], fake.log_path, start_limit_s=60)
     await trio.to_thread.run_sync(server.start)
     held: list[trio.SocketStream] = []
+    statuses: list[bytes] = []
     try:
         async with trio.open_nursery() as nursery:
             for _ in range(IDLE_CONNECTIONS):
-                nursery.start_soon(_hold_idle_connection, server.url, held)
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            with trio.fail_after(30):  # keep-alive is 1 s: reaped well within this
-                assert (await client.get("/health")).status_code == 200
+                nursery.start_soon(_hold_idle_connection, server.url, held, statuses)
+        assert set(statuses) == {b"HTTP/1.1 200", b"HTTP/1.1 503"}, set(statuses)
+        # The refused ones are closed; the served ones go idle and are reaped after
+        # the keep-alive timeout, so the server answers again.
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            with trio.fail_after(30):
+                while (await client.get("/health")).status_code != 200:  # noqa: ASYNC110
+                    await trio.sleep(0.1)  # across a process boundary: poll
                 assert (await client.get("/v1/models")).status_code == 200
         assert server.open_fds() < FD_LIMIT
+        assert "EMFILE" not in server.log()
     finally:
         for sock in held:
             await sock.aclose()

@@ -98,6 +98,8 @@ def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
             max_body_bytes=server_config.max_body_bytes,
             body_timeout=server_config.body_timeout,
             send_stall_timeout=server_config.send_stall_timeout,
+            max_connections=server_config.max_connections
+            or connection_limits.default_max_connections(),
         ),
     )
     return config

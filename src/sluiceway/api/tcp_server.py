@@ -48,7 +48,39 @@ from sluiceway.api.h11_protocol import RecyclingH11Protocol
 log = logging.getLogger(__name__)
 
 
+# What a connection beyond `--max-connections` gets before it is closed.
+_REFUSAL_BODY = (
+    b'{"error": {"message": "The server holds as many connections as it may; retry shortly.", '
+    b'"type": "server_overloaded", "param": null, "code": "too_many_connections"}}'
+)
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b"
+    % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
 class ImmediateSendTCPServer(TCPServer):
+    async def run(self) -> None:
+        """Serve the connection as hypercorn does, unless the server already holds
+        `--max-connections` of them: then answer 503 at once, without reading the
+        request, and close."""
+        limits = connection_limits.of(self.config)
+        if not limits.admit_connection():
+            await self._refuse()
+            return
+        try:
+            await super().run()
+        finally:
+            limits.release_connection()
+
+    async def _refuse(self) -> None:
+        fd = plain_socket_fd(self.stream)
+        if fd is not None:
+            with suppress(OSError):
+                os.write(fd, _REFUSAL)  # a new socket's buffer takes it whole
+        await trio.aclose_forcefully(self.stream)
+
     async def protocol_send(self, event: Event) -> None:
         """Send `event` as hypercorn would. Not a checkpoint when the bytes go out at
         once. A send in progress is shielded, so a response is never cut in the
