@@ -1,6 +1,6 @@
-"""Adversarial-client fixtures: the real SmolLM2 tokenizer saved as a plain directory
-(for server subprocesses, `load_tests/load_server.py`), a scripted runner, and an
-in-process server on an ephemeral loopback port (`start_server`, from tests/conftest.py)."""
+"""Adversarial-client fixtures: a scripted runner for the in-process server
+(`start_server`, from tests/conftest.py, which also has `tokenizer_dir` for server
+subprocesses driven by `load_tests/load_server.py`)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 
 from fakes import ScriptedRunner
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tokenizer as a plain directory: subprocess servers load it in ~1 s."""
-    path = tmp_path_factory.mktemp("tokenizer")
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture

@@ -22,14 +22,6 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def tokenizer_dir(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tokenizer as a plain directory: subprocess servers load it in ~1 s, not ~5 s."""
-    path = tmp_path_factory.mktemp("tokenizer")
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture
 def runner(tokenizer: Any, word_ids: tuple[int, ...]) -> Iterator[FaultRunner]:
     r = FaultRunner(vocab=word_ids, eos=tokenizer.eos_token_id)
