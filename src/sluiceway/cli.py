@@ -187,6 +187,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep-alive-timeout", type=_positive_float, default=5.0, help="seconds an idle keep-alive connection stays open")
     g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
     g.add_argument("--max-connections", type=_positive_int, default=None, help="open connections at most; more are refused with 503 (default: the file descriptor limit less a reserve)")
+    g.add_argument("--access-log", nargs="?", const="logfmt", default=None, choices=["logfmt", "json"], help="one line per request on stderr, in logfmt (the default style) or JSON")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -206,6 +207,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         keep_alive_timeout=args.keep_alive_timeout,
         send_stall_timeout=args.send_stall_timeout,
         max_connections=args.max_connections,
+        access_log=args.access_log,
     )
     try:
         engine = engine_config(args)

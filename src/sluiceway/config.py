@@ -9,6 +9,7 @@ import attrs
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 Quantization = Literal["int8", "int4"]
+AccessLogStyle = Literal["logfmt", "json"]
 
 
 def _positive(instance: object, attribute: attrs.Attribute, value: int | float | None) -> None:
@@ -113,3 +114,7 @@ class ServerConfig:
     # Open connections at most; None: as many as the descriptor limit leaves room
     # for (`connection_limits.default_max_connections`).
     max_connections: int | None = attrs.field(default=None, validator=_positive)
+    # One line per request on the `sluiceway.access` logger, in this style; None: off.
+    access_log: AccessLogStyle | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("logfmt", "json")))
+    )

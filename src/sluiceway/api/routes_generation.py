@@ -19,7 +19,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, current_app, request
 
-from sluiceway.api import errors, prompts, sse
+from sluiceway.api import access_log, errors, prompts, sse
 from sluiceway.api import formatting as fmt
 from sluiceway.api.chunk_socket import ChunkSocket
 from sluiceway.api.connection import connection_nursery, connection_send
@@ -99,6 +99,7 @@ async def completions() -> Response:
 
 async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:
     request_id = f"{shape.id_prefix}{uuid.uuid4().hex}"
+    access_log.note_generation(request_id, run)
     created = int(time.time())
     if not req.stream:
         body = await _complete(run, req, shape, param, request_id, created)
@@ -198,7 +199,7 @@ class _Stream:
             pass  # the response body was closed: the client is gone
         except* Exception:
             # A bug of ours, not the client's: say so in-stream rather than cut the stream.
-            log.exception("streaming request failed")
+            log.exception("streaming request failed request_id=%s", access_log.current_request_id())
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 error = errors.APIError(500, "Internal server error.", "internal_server_error")
                 self._emit(error.body())

@@ -19,7 +19,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from sluiceway.api import connection_limits, tcp_server
+from sluiceway.api import access_log, connection_limits, tcp_server
 from sluiceway.api.app import SluicewayApp, create_app
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
@@ -174,6 +174,8 @@ def serve(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+    if server_config.access_log is not None:
+        access_log.install_handler()
     from sluiceway.runner.loading import ModelLoadError
 
     try:
