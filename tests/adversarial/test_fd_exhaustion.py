@@ -29,7 +29,9 @@ async def _hold_idle_connection(url: str, held: list[trio.SocketStream], statuse
     # connection open forever.
     await sock.send_all(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n")
     with trio.fail_after(10):  # served or refused, never left waiting
-        statuses.append((await sock.receive_some(65536))[:12])
+        reply = await sock.receive_some(65536)
+        assert b"x-request-id: " in reply.lower(), reply
+        statuses.append(reply[:12])
 
 
 async def test_connections_beyond_the_fd_limit_are_refused_and_idle_ones_reaped(

@@ -42,7 +42,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
-from sluiceway.api import connection_limits
+from sluiceway.api import access_log, connection_limits
 from sluiceway.api.h11_protocol import RecyclingH11Protocol
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,10 @@ _REFUSAL_BODY = (
     b'{"error": {"message": "The server holds as many connections as it may; retry shortly.", '
     b'"type": "server_overloaded", "param": null, "code": "too_many_connections"}}'
 )
-_REFUSAL = (
+_REFUSAL_HEAD = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%b"
-    % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n"
+    % len(_REFUSAL_BODY)
 )
 
 
@@ -78,7 +78,12 @@ class ImmediateSendTCPServer(TCPServer):
         fd = plain_socket_fd(self.stream)
         if fd is not None:
             with suppress(OSError):
-                os.write(fd, _REFUSAL)  # a new socket's buffer takes it whole
+                # Unread, the request has no id of its own to echo: a fresh one.
+                request_id = access_log.fresh_id().encode()
+                refusal = b"%b%b: %b\r\n\r\n%b" % (
+                    _REFUSAL_HEAD, access_log.HEADER, request_id, _REFUSAL_BODY
+                )
+                os.write(fd, refusal)  # a new socket's buffer takes it whole
         await trio.aclose_forcefully(self.stream)
 
     async def protocol_send(self, event: Event) -> None:
