@@ -188,6 +188,8 @@ class Attacks:
         return f"20,000 messages: {heavy}; 5 prompts x n=64: {greedy}; NaN: {nan}", 500 not in statuses
 
     async def health_ms(self) -> float:
+        """One `/health` request on a new connection, timed from connect to answer
+        (the client's own set-up, tens of milliseconds for httpx, is left out)."""
         async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
             start = time.perf_counter()
             await client.get("/health")
