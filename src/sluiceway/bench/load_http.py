@@ -10,7 +10,7 @@ SSE split and JSON per event about 90. Here each read is fed to llhttp (0.2 us p
 event against h11's 5, warm) and noted with its time and the body's length so far,
 and the events are split, matched to the read that completed them and parsed once the
 response is complete. Against the h11 client, alternating client processes on one
-int4 server (`docs/benchmarks.md`, "Eleventh session"): 61 against 222 us per token
+int4 server (`docs/benchmarks.md`, measured at 4ce1fb5): 61 against 222 us per token
 at one stream, the server x1.032 faster (median, in 10 of 12 pairs); 43 against 93
 at 8 streams, x1.050 (8 of 10); 35 against 57 at 32 streams, no change (11 of 22).
 

@@ -6,7 +6,7 @@ that calls them. Each calling thread gets its own team, and idle teams keep
 spinning: on this 2-core machine a second team (model loaded on the main thread,
 steps run on a trio worker thread) made every decode step ~1.7x slower
 (measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
-run torch; in the twelfth session one int4 stream made 246 tok/s on the main thread
+run torch; at d8a44e6, 2026-12-03, one int4 stream made 246 tok/s on the main thread
 and 95 on a second thread, `docs/benchmarks.md`). So loading and warm-up run on
 one thread, and steps move to another only after the thread they leave has freed
 its team (`find_openmp_pool_release`).
@@ -129,7 +129,7 @@ class CallingThread:
     contends with the model thread for the GIL and the cores while the next step
     runs. On the 2-core machine that was about 0.4 ms of every 3.4 ms int4 token at
     one stream; here the loop's work runs between steps instead, and nothing else
-    answers while a step runs (see `docs/benchmarks.md`, "Eleventh session").
+    answers while a step runs (see `docs/benchmarks.md`, measured at d305d66).
     """
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -177,8 +177,8 @@ def find_openmp_pool_release() -> Callable[[], None] | None:
     while it manages no more threads than there are CPUs (`do_spin` in its
     `config/linux/wait.h`). Once a second thread has a team, workers go to sleep
     between parallel regions and each region has to wake them again: one int4
-    stream fell from 246 to 95 tok/s (`docs/benchmarks.md`,
-    twelfth and thirteenth sessions). Freed first, the next thread ran at 274-280.
+    stream fell from 246 to 95 tok/s (`docs/benchmarks.md`, measured at d8a44e6
+    and 62d3a83, 2026-12-03). Freed first, the next thread ran at 274-280.
     """
     runtimes = _loaded_openmp_runtimes()
     if runtimes is None:
