@@ -142,14 +142,13 @@ async def test_large_bodies_are_parsed_rendered_and_tokenized_off_the_loop(
     watched.hold_messages = None
     loop_thread = threading.get_ident()
     decodes: list[int] = []
-    parse_json = getattr(prompts, "parse_json", None)
+    decode = prompts.decode
 
-    def recording_parse_json(data: bytes | str) -> Any:
+    def recording_decode(data: bytes | str, type: Any) -> Any:
         decodes.append(threading.get_ident())
-        assert parse_json is not None
-        return parse_json(data)
+        return decode(data, type)
 
-    monkeypatch.setattr(prompts, "parse_json", recording_parse_json, raising=False)
+    monkeypatch.setattr(prompts, "decode", recording_decode)
     long_text = "the river flows under a quiet bridge " * 3000  # 111 kB
     async with (
         serve_watched() as server,

@@ -15,23 +15,24 @@ C, X = "/v1/chat/completions", "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
 INVALID = "invalid_request_error"
 
-# (path, body, status, error type, param)
+# (path, body, status, error type, param: the JSON path of the offending value)
 TABLE: list[tuple[str, Any, int, str, str | None]] = [
     (C, {"model": MODEL}, 400, INVALID, "messages"),
     (C, {"messages": []}, 400, INVALID, "messages"),
     (C, {"messages": "hi"}, 400, INVALID, "messages"),
-    (C, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, INVALID, "messages"),
-    (C, {"messages": [{"role": "user"}]}, 400, INVALID, "messages"),
-    (C, {"messages": [{"role": "user", "content": 5}]}, 400, INVALID, "messages"),
+    (C, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, INVALID, "messages[0].role"),
+    (C, {"messages": [{"role": "user"}]}, 400, INVALID, "messages[0].content"),
+    (C, {"messages": [{"role": "user", "content": 5}]}, 400, INVALID, "messages[0].content"),
     (
         C,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         400,
         INVALID,
-        "messages",
+        "messages[0].content[0].type",
     ),
-    (C, {"messages": [MSG, "not a conversation"]}, 400, INVALID, "messages"),
-    (C, {"messages": [MSG, []]}, 400, INVALID, "messages"),
+    (C, {"messages": [MSG, "not a conversation"]}, 400, INVALID, "messages[1]"),
+    (C, {"messages": [MSG, []]}, 400, INVALID, "messages[1]"),
+    (C, {"messages": [MSG[0], MSG]}, 400, INVALID, "messages[1]"),
     (C, {"messages": MSG, "max_tokens": -1}, 400, INVALID, "max_tokens"),
     (C, {"messages": MSG, "max_tokens": 0}, 400, INVALID, "max_tokens"),
     (C, {"messages": MSG, "max_tokens": "ten"}, 400, INVALID, "max_tokens"),
@@ -52,8 +53,8 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
     (C, {"messages": MSG, "min_tokens": 5, "max_tokens": 2}, 400, INVALID, "min_tokens"),
     (C, {"messages": MSG, "seed": "abc"}, 400, INVALID, "seed"),
     (C, {"messages": MSG, "stop": 5}, 400, INVALID, "stop"),
-    (C, {"messages": MSG, "stop": [""]}, 400, INVALID, "stop"),
-    (C, {"messages": MSG, "stop_token_ids": [-1]}, 400, INVALID, "stop_token_ids"),
+    (C, {"messages": MSG, "stop": [""]}, 400, INVALID, "stop[0]"),
+    (C, {"messages": MSG, "stop_token_ids": [-1]}, 400, INVALID, "stop_token_ids[0]"),
     (C, {"messages": MSG, "stop_token_ids": [10**9]}, 400, INVALID, "stop_token_ids"),
     (C, {"messages": MSG, "logit_bias": {"abc": 1}}, 400, INVALID, "logit_bias"),
     (C, {"messages": MSG, "logit_bias": {"10": 500}}, 400, INVALID, "logit_bias"),
@@ -73,7 +74,7 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
         {"messages": MSG, "stream": True, "stream_options": {"include_usage": 1}},
         400,
         INVALID,
-        "include_usage",
+        "stream_options.include_usage",
     ),
     (C, {"messages": MSG, "tools": [{"type": "function"}]}, 400, INVALID, "tools"),
     (C, {"messages": MSG, "max_tokens": 5000}, 400, INVALID, "max_tokens"),
@@ -83,7 +84,7 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
     (X, {}, 400, INVALID, "prompt"),
     (X, {"prompt": []}, 400, INVALID, "prompt"),
     (X, {"prompt": 5}, 400, INVALID, "prompt"),
-    (X, {"prompt": [[1, 2], []]}, 400, INVALID, "prompt"),
+    (X, {"prompt": [[1, 2], []]}, 400, INVALID, "prompt[1]"),
     (X, {"prompt": [1, "a", [2]]}, 400, INVALID, "prompt"),
     (X, {"prompt": [[10**9]]}, 400, INVALID, "prompt"),
     (X, {"prompt": "hi", "logprobs": 30}, 400, INVALID, "logprobs"),
@@ -92,8 +93,8 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
     (X, {"prompt": "", "max_tokens": 5}, 400, INVALID, "prompt"),
     (X, {"prompt": "hi", "model": "nope"}, 404, INVALID, "model"),
     ("/tokenize", {"tokens": 1}, 400, INVALID, "prompt"),
-    ("/detokenize", {"tokens": ["a"]}, 400, INVALID, "tokens"),
-    ("/detokenize", {"tokens": [-4]}, 400, INVALID, "tokens"),
+    ("/detokenize", {"tokens": ["a"]}, 400, INVALID, "tokens[0]"),
+    ("/detokenize", {"tokens": [-4]}, 400, INVALID, "tokens[0]"),
 ]
 
 

@@ -32,11 +32,11 @@ def test_import_sluiceway_client_stays_light() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_protocol_imports_only_attrs_and_stdlib() -> None:
+def test_protocol_imports_only_attrs_msgspec_and_stdlib() -> None:
     code = (
         "import sys; before = set(sys.modules); import sluiceway.protocol\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
-        "assert new <= {'sluiceway', 'attr', 'attrs'} | set(sys.stdlib_module_names), new\n"
+        "assert new <= {'sluiceway', 'attr', 'attrs', 'msgspec', 'typing_extensions'} | set(sys.stdlib_module_names), new\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60

@@ -19,6 +19,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, current_app, request
 
+from sluiceway import protocol
 from sluiceway.api import access_log, errors, prompts, sse
 from sluiceway.api import formatting as fmt
 from sluiceway.api.chunk_socket import ChunkSocket
@@ -33,8 +34,8 @@ from sluiceway.api.validation import (
     ChatRequest,
     CommonRequest,
     CompletionRequest,
-    parse_chat_request,
-    parse_completion_request,
+    chat_request,
+    completion_request,
 )
 from sluiceway.engine.outputs import ChoiceDelta
 
@@ -59,8 +60,8 @@ async def chat_completions() -> Response:
     data = await request.get_data(cache=False)
 
     def prepare() -> tuple[ChatRequest, list[Prompt]]:
-        req = parse_chat_request(
-            prompts.parse_body(data),
+        req = chat_request(
+            prompts.parse_body(data, protocol.ChatCompletionRequest),
             state.vocab_size,
             max_choices=state.server_config.max_choices_per_request,
             max_messages=state.engine.max_model_len,
@@ -83,8 +84,8 @@ async def completions() -> Response:
     data = await request.get_data(cache=False)
 
     def prepare() -> tuple[CompletionRequest, list[Prompt]]:
-        req = parse_completion_request(
-            prompts.parse_body(data),
+        req = completion_request(
+            prompts.parse_body(data, protocol.CompletionRequest),
             state.vocab_size,
             max_choices=state.server_config.max_choices_per_request,
         )

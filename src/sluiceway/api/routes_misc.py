@@ -11,7 +11,8 @@ from sluiceway.api.errors import invalid_request
 from sluiceway.api.metrics import CONTENT_TYPE
 from sluiceway.api.openapi import openapi_document
 from sluiceway.api.state import ServerState
-from sluiceway.api.validation import Fields, check_token_ids, parse_conversations
+from sluiceway.api.validation import check_conversation, check_token_ids
+from sluiceway.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest
 
 blueprint = Blueprint("misc", __name__)
 
@@ -67,8 +68,7 @@ async def openapi() -> Response:
     return _json(openapi_document(_state().model_name))
 
 
-def _check_model(state: ServerState, fields: Fields) -> None:
-    name = fields.str("model", None)
+def _check_model(state: ServerState, name: str | None) -> None:
     if name is not None and name != state.model_name:
         raise errors.model_not_found(name)
 
@@ -81,23 +81,18 @@ async def tokenize() -> Response:
     data = await request.get_data(cache=False)
 
     def prepare() -> bytes:
-        fields = Fields(prompts.parse_body(data))
-        _check_model(state, fields)
+        req = prompts.parse_body(data, TokenizeRequest)
+        _check_model(state, req.model)
         tok = state.tokenizer
-        if fields.has("messages"):
-            conversations, batched = parse_conversations(
-                fields.raw("messages"), state.engine.max_model_len
-            )
-            if batched:
-                raise invalid_request("/tokenize takes one conversation.", "messages")
-            add_generation_prompt = fields.bool("add_generation_prompt", True)
-            ready = prompts.chat_prompts(tok, conversations, add_generation_prompt)
+        if req.messages is not None:
+            conversation = check_conversation(req.messages, state.engine.max_model_len, "messages")
+            add_generation_prompt = req.add_generation_prompt is not False
+            ready = prompts.chat_prompts(tok, [conversation], add_generation_prompt)
+        elif req.prompt is not None:
+            add_special = req.add_special_tokens is not False
+            ready = prompts.text_prompt(tok, req.prompt, add_special)
         else:
-            text = fields.str("prompt", None)
-            if text is None:
-                raise invalid_request("Give 'prompt' (a string) or 'messages'.", "prompt")
-            add_special = fields.bool("add_special_tokens", True)
-            ready = prompts.text_prompt(tok, text, add_special)
+            raise invalid_request("Give 'prompt' (a string) or 'messages'.", "prompt")
         prompts.check_cancelled()
         return _tokens_body(ready[0].token_ids, state.engine.max_model_len)
 
@@ -120,16 +115,10 @@ async def detokenize() -> Response:
     data = await request.get_data(cache=False)
 
     def prepare() -> bytes:
-        fields = Fields(prompts.parse_body(data))
-        _check_model(state, fields)
-        tokens = fields.raw("tokens")
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tokens
-        ):
-            raise invalid_request("'tokens' must be an array of token ids.", "tokens")
-        check_token_ids(tokens, state.vocab_size, "tokens")
-        prompts.check_cancelled()
-        return sse.dumps({"prompt": state.tokenizer.decode(tokens)}).encode()
+        req = prompts.parse_body(data, DetokenizeRequest)
+        _check_model(state, req.model)
+        check_token_ids(req.tokens, state.vocab_size, "tokens")
+        return sse.dumps(DetokenizeResponse(state.tokenizer.decode(req.tokens)).to_dict()).encode()
 
     body = await prompts.prepare(state, len(data), prepare)
     return Response(body, content_type="application/json")

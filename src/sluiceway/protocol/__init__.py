@@ -1,0 +1,74 @@
+"""OpenAI wire types, shared by the HTTP server and the trio client: the request
+body of every endpoint, and every response and streamed chunk.
+
+Response types are frozen attrs classes with ``from_dict`` (lenient: unknown keys
+are ignored, missing optional keys take their defaults, so the client also reads
+other OpenAI-compatible servers) and ``to_dict`` (exact: the fields OpenAI sends,
+with ``null`` where OpenAI sends ``null``; sluiceway extensions such as
+``stop_reason`` are left out while they are ``None``). Request types state the
+ranges the server accepts in their annotations; the server decodes into them.
+
+Light on purpose: this package imports only attrs, msgspec (for the range
+annotations) and the standard library.
+"""
+
+from sluiceway.protocol.chat import (
+    ChatCompletion,
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatMessage,
+    DeltaMessage,
+)
+from sluiceway.protocol.completions import Completion, CompletionChoice, CompletionChunk
+from sluiceway.protocol.errors import ErrorObject
+from sluiceway.protocol.logprobs import (
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    TopLogprob,
+)
+from sluiceway.protocol.messages import ChatMessageParam, TextPart
+from sluiceway.protocol.models import DetokenizeResponse, Model, ModelList, TokenizeResponse
+from sluiceway.protocol.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponseFormat,
+    SamplingFields,
+    StreamOptions,
+    TokenizeRequest,
+)
+from sluiceway.protocol.usage import PromptTokensDetails, Usage
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionChunkChoice",
+    "ChatCompletionRequest",
+    "ChatLogprobs",
+    "ChatMessage",
+    "ChatMessageParam",
+    "ChatTokenLogprob",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "DeltaMessage",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
+    "ErrorObject",
+    "Model",
+    "ModelList",
+    "PromptTokensDetails",
+    "ResponseFormat",
+    "SamplingFields",
+    "StreamOptions",
+    "TextPart",
+    "TokenizeRequest",
+    "TokenizeResponse",
+    "TopLogprob",
+    "Usage",
+]
