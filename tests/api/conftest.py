@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
+import server_helpers
 from sluiceway.api.serve import RunningServer
+from wire_roundtrip import Recorder
 
 from .fakes import ScriptedRunner
 
@@ -33,3 +35,36 @@ async def server(start_server: Callable[..., Any]) -> AsyncIterator[RunningServe
 async def client(server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
         yield c
+
+
+@pytest.fixture(autouse=True)
+def wire_roundtrip(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+    """Every JSON body an httpx client reads whole and every SSE event the test's
+    parser reads (`server_helpers.parse_event`) must decode into its
+    `sluiceway.protocol` type and re-encode to the same JSON: checked when the
+    test ends."""
+    recorder = Recorder()
+    send = httpx.AsyncClient.send
+
+    async def recording_send(
+        self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any
+    ) -> httpx.Response:
+        response = await send(self, request, **kwargs)
+        json_body = response.headers.get("content-type", "").startswith("application/json")
+        if not kwargs.get("stream") and json_body:
+            recorder.bodies.append(
+                (request.method, request.url.path, response.status_code, response.content)
+            )
+        return response
+
+    parse_event = server_helpers.parse_event
+
+    def recording_parse_event(line: str, result: server_helpers.StreamResult) -> None:
+        parse_event(line, result)
+        if line:
+            recorder.events.append(line.removeprefix("data: "))
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", recording_send)
+    monkeypatch.setattr(server_helpers, "parse_event", recording_parse_event)
+    yield recorder
+    recorder.check()

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluiceway import protocol
 from sluiceway.api import sse
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.generation import ChoiceState, RequestRun
@@ -126,3 +127,35 @@ async def test_continuous_usage_stats_reach_every_text_chunk() -> None:
     events = [json.loads(e.removeprefix(b"data: ")) for e in written.split(b"\n\n") if e]
     assert [e["usage"]["completion_tokens"] for e in events] == [1, 2, 3]
     assert [e["choices"][0]["delta"] for e in events] == [{"content": "a"}] * 3
+
+
+def _reencoded(event: bytes) -> bytes:
+    """`event` decoded into its protocol chunk type and encoded again."""
+    obj = json.loads(event.removeprefix(b"data: "))
+    chunk_type = (
+        protocol.ChatCompletionChunk
+        if obj["object"] == "chat.completion.chunk"
+        else protocol.CompletionChunk
+    )
+    return sse.event(chunk_type.from_dict(obj).to_dict())
+
+
+@pytest.mark.parametrize(("api", "fields"), REQUESTS)
+@given(text=_TEXT)
+def test_template_events_are_protocol_chunks(api: str, fields: Any, text: str) -> None:
+    """What the byte templates write decodes into the shared chunk type and encodes
+    back to the same bytes: the fast path sends exactly what the types describe."""
+    stream, choice = _stream(api, **fields)
+    event = stream._text_event(choice, text)
+    assert _reencoded(event) == event
+
+
+@pytest.mark.parametrize(("api", "fields"), REQUESTS)
+@pytest.mark.parametrize("delta", DELTAS)
+def test_dict_path_events_are_protocol_chunks(api: str, fields: Any, delta: ChoiceDelta) -> None:
+    """Likewise for the chunks built as dicts (the first, the last, logprobs)."""
+    stream, choice = _stream(api, **fields)
+    for body in (stream.shape.open_choice(choice), stream.shape.delta_choice(choice, delta)):
+        if body is not None:
+            event = sse.event(stream._chunk_object(choice, body))
+            assert _reencoded(event) == event

@@ -1,7 +1,10 @@
-"""OpenAI wire objects built from engine deltas: chunks, responses, logprobs, usage.
+"""OpenAI wire objects built from engine deltas: logprobs and usage as protocol
+types, and streamed chunks as plain dicts.
 
-Plain dicts, encoded once per chunk; this is the only per-token work the HTTP
-layer does on the event loop besides bookkeeping.
+A streamed chunk is built as dicts and encoded once: this is the only per-token
+work the HTTP layer does on the event loop besides bookkeeping. Its shape is the
+one the protocol types write (tests check every chunk decodes into them and
+re-encodes identically); full responses are built from the types themselves.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from sluiceway import protocol
 from sluiceway.engine.outputs import TokenLogprob
 
 # JSON has no -inf; OpenAI-compatible servers report impossible tokens like this.
@@ -37,32 +41,24 @@ def _lp(value: float) -> float:
 
 def chat_logprobs(
     logprobs: Sequence[TokenLogprob], token_text: TokenText, top_n: int
-) -> list[dict[str, Any]]:
-    """Chat format: `{"token", "logprob", "bytes", "top_logprobs": [...]}` per token."""
+) -> list[protocol.ChatTokenLogprob]:
+    """Chat format, per token: its text, logprob, UTF-8 bytes and the `top_n` alternatives."""
     out = []
     for lp in logprobs:
         text = token_text(lp.token_id)
+        tops = [
+            protocol.TopLogprob((t := token_text(tid)), _lp(v), list(t.encode("utf-8")))
+            for tid, v in lp.top[:top_n]
+        ]
         out.append(
-            {
-                "token": text,
-                "logprob": _lp(lp.logprob),
-                "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [
-                    {
-                        "token": (t := token_text(tid)),
-                        "logprob": _lp(v),
-                        "bytes": list(t.encode("utf-8")),
-                    }
-                    for tid, v in lp.top[:top_n]
-                ],
-            }
+            protocol.ChatTokenLogprob(text, _lp(lp.logprob), list(text.encode("utf-8")), tops)
         )
     return out
 
 
 def completion_logprobs(
     logprobs: Sequence[TokenLogprob], token_text: TokenText, text_offset: int
-) -> dict[str, Any]:
+) -> protocol.CompletionLogprobs:
     """Legacy completions format: parallel arrays; `text_offset` of the first token given."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
     for lp in logprobs:
@@ -72,54 +68,33 @@ def completion_logprobs(
         tops.append({token_text(tid): _lp(v) for tid, v in lp.top})
         offsets.append(text_offset)
         text_offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
+    return protocol.CompletionLogprobs(tokens, list(token_logprobs), tops, offsets)
 
 
-def merge_completion_logprobs(parts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    if not parts:
-        return None
-    merged: dict[str, list[Any]] = {
-        "tokens": [],
-        "token_logprobs": [],
-        "top_logprobs": [],
-        "text_offset": [],
-    }
-    for part in parts:
-        for key, values in merged.items():
-            values.extend(part[key])
-    return merged
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-    if cached_tokens:
-        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return out
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> protocol.Usage:
+    """Token counts; prompt-cache hits are reported only when there were some."""
+    details = protocol.PromptTokensDetails(cached_tokens) if cached_tokens else None
+    return protocol.Usage(
+        prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, details
+    )
 
 
 def chat_chunk_choice(
     index: int,
     delta: dict[str, Any],
     finish_reason: str | None = None,
-    logprobs: list[dict[str, Any]] | None = None,
+    logprobs: list[protocol.ChatTokenLogprob] | None = None,
     stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
+    """A streamed chat choice as `protocol.ChatCompletionChunkChoice.to_dict` writes
+    it, built as dicts: this runs per token on the event loop."""
     choice: dict[str, Any] = {
         "index": index,
         "delta": delta,
-        "logprobs": None if logprobs is None else {"content": logprobs},
+        "logprobs": None if logprobs is None else protocol.ChatLogprobs(logprobs).to_dict(),
         "finish_reason": finish_reason,
     }
-    if finish_reason is not None:
+    if stop_reason is not None:  # the extension is left out while it says nothing
         choice["stop_reason"] = stop_reason
     return choice
 
@@ -128,16 +103,18 @@ def completion_chunk_choice(
     index: int,
     text: str,
     finish_reason: str | None = None,
-    logprobs: dict[str, Any] | None = None,
+    logprobs: protocol.CompletionLogprobs | None = None,
     stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
+    """A streamed completions choice as `protocol.CompletionChoice.to_dict` writes
+    it, built as dicts: this runs per token on the event loop."""
     choice: dict[str, Any] = {
         "index": index,
         "text": text,
-        "logprobs": logprobs,
+        "logprobs": None if logprobs is None else logprobs.to_dict(),
         "finish_reason": finish_reason,
     }
-    if finish_reason is not None:
+    if stop_reason is not None:  # the extension is left out while it says nothing
         choice["stop_reason"] = stop_reason
     return choice
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from sluiceway import protocol
 from sluiceway.api import formatting as fmt
 from sluiceway.api.generation import ChoiceState, RequestRun
 from sluiceway.api.validation import ChatRequest, CompletionRequest
@@ -20,7 +21,7 @@ class ChatShape:
     full_kind: str = "chat.completion"
     id_prefix: str = "chatcmpl-"
 
-    def _logprobs(self, choice_logprobs: Any) -> list[dict[str, Any]] | None:
+    def _logprobs(self, choice_logprobs: Any) -> list[protocol.ChatTokenLogprob] | None:
         if not self.request.logprobs:
             return None
         return fmt.chat_logprobs(choice_logprobs, self.token_text, self.request.top_logprobs)
@@ -52,15 +53,18 @@ class ChatShape:
             choice.index, content, delta.finish_reason, logprobs, delta.stop_reason
         )
 
-    def final_choice(self, choice: ChoiceState) -> dict[str, Any]:
+    def final_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChoice:
         logprobs = self._logprobs(choice.logprobs)
-        return {
-            "index": choice.index,
-            "message": {"role": "assistant", "content": choice.text},
-            "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": choice.finish_reason,
-            "stop_reason": choice.stop_reason,
-        }
+        return protocol.ChatCompletionChoice(
+            index=choice.index,
+            message=protocol.ChatMessage("assistant", choice.text),
+            finish_reason=choice.finish_reason,
+            logprobs=None if logprobs is None else protocol.ChatLogprobs(logprobs),
+            stop_reason=choice.stop_reason,
+        )
+
+    def full_response(self, **fields: Any) -> protocol.ChatCompletion:
+        return protocol.ChatCompletion(**fields)
 
 
 @attrs.frozen
@@ -103,28 +107,31 @@ class CompletionShape:
             choice.index, delta.text, delta.finish_reason, logprobs, delta.stop_reason
         )
 
-    def final_choice(self, choice: ChoiceState) -> dict[str, Any]:
+    def final_choice(self, choice: ChoiceState) -> protocol.CompletionChoice:
         logprobs = None
         if self.request.params.logprobs is not None:
             logprobs = fmt.completion_logprobs(choice.logprobs, self.token_text, 0)
         text = choice.text
         if self.request.echo:
             text = choice.prompt.text + text
-        return fmt.completion_chunk_choice(
+        return protocol.CompletionChoice(
             choice.index, text, choice.finish_reason, logprobs, choice.stop_reason
         )
+
+    def full_response(self, **fields: Any) -> protocol.Completion:
+        return protocol.Completion(**fields)
 
 
 Shape = ChatShape | CompletionShape
 
 
 def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) -> dict[str, Any]:
-    body = fmt.envelope(
-        shape.full_kind,
-        request_id,
-        created,
-        run.state.model_name,
-        [shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)],
+    """The non-streamed response body, built from the protocol types."""
+    response = shape.full_response(
+        id=request_id,
+        model=run.state.model_name,
+        choices=[shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)],
+        created=created,
+        usage=fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens),
     )
-    body["usage"] = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
-    return body
+    return response.to_dict()

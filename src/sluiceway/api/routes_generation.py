@@ -224,7 +224,9 @@ class _Stream:
         )
         opts = self.req.stream_options
         if opts.continuous_usage_stats:
-            chunk["usage"] = fmt.usage(len(choice.prompt.token_ids), choice.num_output_tokens)
+            chunk["usage"] = fmt.usage(
+                len(choice.prompt.token_ids), choice.num_output_tokens
+            ).to_dict()
         elif opts.include_usage:
             chunk["usage"] = None
         return chunk
@@ -274,7 +276,9 @@ class _Stream:
             chunk = fmt.envelope(
                 self.shape.chunk_kind, self.request_id, self.created, run.state.model_name, []
             )
-            chunk["usage"] = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+            chunk["usage"] = fmt.usage(
+                run.prompt_tokens, run.completion_tokens, run.cached_tokens
+            ).to_dict()
             self._emit(chunk)
         assert self.output is not None
         self.output.put(sse.DONE)

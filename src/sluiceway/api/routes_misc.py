@@ -6,6 +6,7 @@ from typing import Any
 
 from quart import Blueprint, Response, current_app, request
 
+from sluiceway import protocol
 from sluiceway.api import errors, prompts, sse
 from sluiceway.api.errors import invalid_request
 from sluiceway.api.metrics import CONTENT_TYPE
@@ -33,21 +34,15 @@ async def health() -> Response:
     return _json(body, status)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "sluiceway",
-        "root": state.model_name,
-        "parent": None,
-        "max_model_len": state.engine.max_model_len,
-    }
+def _model_card(state: ServerState) -> protocol.Model:
+    return protocol.Model(
+        id=state.model_name, created=state.created, max_model_len=state.engine.max_model_len
+    )
 
 
 @blueprint.get("/v1/models")
 async def models() -> Response:
-    return _json({"object": "list", "data": [_model_card(_state())]})
+    return _json(protocol.ModelList([_model_card(_state())]).to_dict())
 
 
 @blueprint.get("/v1/models/<path:model>")
@@ -55,7 +50,7 @@ async def model(model: str) -> Response:
     state = _state()
     if model != state.model_name:
         raise errors.model_not_found(model)
-    return _json(_model_card(state))
+    return _json(_model_card(state).to_dict())
 
 
 @blueprint.get("/metrics")

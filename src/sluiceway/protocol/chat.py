@@ -140,10 +140,16 @@ class ChatCompletionChunk:
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
     system_fingerprint: str | None = None
+    # The chunk carries `"usage": null`: its stream asked for usage
+    # (stream_options.include_usage), which comes in the last chunk.
+    usage_null: bool = attrs.field(default=False, kw_only=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ChatCompletionChunk:
-        return cls(**envelope_fields(d, ChatCompletionChunkChoice, "chat.completion.chunk"))
+        return cls(
+            **envelope_fields(d, ChatCompletionChunkChoice, "chat.completion.chunk"),
+            usage_null="usage" in d and d["usage"] is None,
+        )
 
     def to_dict(self) -> JSON:
-        return envelope_dict(self, usage_always=False)
+        return envelope_dict(self, usage_always=self.usage_null)

@@ -76,10 +76,16 @@ class CompletionChunk:
     usage: Usage | None = None
     object: str = "text_completion"
     system_fingerprint: str | None = None
+    # The chunk carries `"usage": null`: its stream asked for usage
+    # (stream_options.include_usage), which comes in the last chunk.
+    usage_null: bool = attrs.field(default=False, kw_only=True)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CompletionChunk:
-        return cls(**envelope_fields(d, CompletionChoice, "text_completion"))
+        return cls(
+            **envelope_fields(d, CompletionChoice, "text_completion"),
+            usage_null="usage" in d and d["usage"] is None,
+        )
 
     def to_dict(self) -> JSON:
-        return envelope_dict(self, usage_always=False)
+        return envelope_dict(self, usage_always=self.usage_null)

@@ -26,7 +26,8 @@ def envelope_fields(d: Mapping[str, Any], choice_type: Any, default_object: str)
 
 def envelope_dict(envelope: Any, *, usage_always: bool) -> JSON:
     """The wire form of an envelope. Full responses always carry `usage` (null when
-    unknown); a chunk carries it only when it is the usage chunk."""
+    unknown); a chunk carries it when its stream asked for usage (null but on the
+    last chunk), or when it is the usage chunk."""
     d: JSON = {
         "id": envelope.id,
         "object": envelope.object,
