@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -9,6 +10,7 @@ from functools import partial
 import h11
 import pytest
 import trio
+import trio.testing
 
 from sluiceway.bench.load_http import Connection, LoadHTTPError, Origin, Response, sse_events
 from sluiceway.bench.serve_load import LoadSpec, _probe_health, timed_request
@@ -143,6 +145,28 @@ async def test_a_closed_connection_is_reopened_for_the_next_request() -> None:
         records = [await timed_request(connection, spec, "p") for _ in range(2)]
         await connection.aclose()
     assert [r.error for r in records] == [None, None]
+    assert [n for n, *_ in log] == [0, 1]
+
+
+async def test_a_kept_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    closed = trio.Event()
+
+    async def reply_then_close_idle(
+        conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        await streamed_reply()(conn, stream, request, body)
+        closed.set()  # as a keep-alive timeout does: no Connection: close was sent
+        return False
+
+    async with scripted_server(reply_then_close_idle) as (url, log):
+        connection = Connection(Origin.from_url(url))
+        spec = LoadSpec(model="m", output_tokens=2)
+        first = await timed_request(connection, spec, "p")
+        await closed.wait()
+        await trio.testing.wait_all_tasks_blocked()  # the server's close is done
+        second = await timed_request(connection, spec, "p")
+        await connection.aclose()
+    assert [first.error, second.error] == [None, None]
     assert [n for n, *_ in log] == [0, 1]
 
 
@@ -296,6 +320,12 @@ async def test_a_failed_send_is_an_error_record_and_drops_the_connection() -> No
 
         closed = False
 
+        def __init__(self, quiet: socket.socket) -> None:
+            self.quiet = quiet  # nothing to read: the peer went away after the check
+
+        def fileno(self) -> int:
+            return self.quiet.fileno()
+
         def sendall(self, data: bytes) -> None:
             raise BrokenPipeError(32, "Broken pipe")
 
@@ -306,8 +336,13 @@ async def test_a_failed_send_is_an_error_record_and_drops_the_connection() -> No
             self.closed = True
 
     connection = Connection(Origin.from_url("http://127.0.0.1:9"))
-    broken = BrokenSocket()
+    quiet, other = socket.socketpair()
+    broken = BrokenSocket(quiet)
     connection._sock = broken  # type: ignore[assignment]
-    record = await timed_request(connection, LoadSpec(model="m"), "p")
+    try:
+        record = await timed_request(connection, LoadSpec(model="m"), "p")
+    finally:
+        quiet.close()
+        other.close()
     assert record.error is not None and "send failed" in record.error
     assert broken.closed  # the next request opens a fresh connection

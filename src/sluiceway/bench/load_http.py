@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import select
 import socket
 import ssl
 import threading
@@ -190,6 +191,8 @@ class Connection:
     def _exchange(self, method: str, path: str, body: bytes | None, abort: _Abort) -> Response:
         started = time.perf_counter()
         try:
+            if self._sock is not None and _closed_while_idle(self._sock):
+                self._close()
             if self._sock is None:
                 self._sock = self._open()
             abort.watch(self._sock)
@@ -265,6 +268,18 @@ class Connection:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+
+
+def _closed_while_idle(sock: socket.socket) -> bool:
+    """Whether a kept connection has something to read before a request is sent on
+    it: the end the server wrote when its keep-alive timeout closed it (or bytes
+    nobody asked for). Reusing it would fail the next request, as httpx and urllib3
+    know too; they check the same way before reusing a pooled connection."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True  # closed on our side already
+    return bool(readable)
 
 
 def sse_events(body: bytes) -> Iterator[tuple[int, str]]:
