@@ -91,3 +91,44 @@ def test_from_dict_is_lenient() -> None:
     assert chunk.choices[0].text == "a" and chunk.choices[0].finish_reason is None
     assert p.ErrorObject.from_dict({"error": "plain"}).message == "plain"
     assert p.ErrorObject.from_dict({"message": "inner", "type": "t"}).type == "t"
+
+
+def test_from_dict_takes_nulls_and_missing_fields_as_defaults() -> None:
+    """Other servers send null for fields that are never null here, or leave out
+    fields sluiceway always sends."""
+    completion = p.ChatCompletion.from_dict(
+        {
+            "id": "x",
+            "choices": [{"index": None, "message": {"role": None, "content": "hi"}}],
+            "created": None,
+            "object": None,
+        }
+    )
+    assert completion == p.ChatCompletion(
+        "x", "", [p.ChatCompletionChoice(0, p.ChatMessage("assistant", "hi"))]
+    )
+    chunk = p.CompletionChunk.from_dict({"choices": [{"text": None}], "usage": None})
+    assert chunk.choices == [p.CompletionChoice(0, "")] and chunk.usage_null
+    assert not p.CompletionChunk.from_dict({"choices": []}).usage_null
+    models = p.ModelList.from_dict({"data": [{"id": "gpt", "created": None}], "object": None})
+    assert models == p.ModelList([p.Model("gpt", 0, owned_by="")])
+    assert p.TokenizeResponse.from_dict({"tokens": [1, 2, 3]}).count == 3
+    assert p.ErrorObject.from_dict({"error": {"message": "m", "type": None}}).type == "error"
+
+
+def test_to_dict_writes_openai_key_order_and_omits_extensions_while_none() -> None:
+    chunk = p.ChatCompletionChunk("c", "m", [p.ChatCompletionChunkChoice(0)], usage_null=True)
+    assert json.dumps(chunk.to_dict()) == (
+        '{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", '
+        '"system_fingerprint": null, "choices": [{"index": 0, "delta": {"content": null}, '
+        '"logprobs": null, "finish_reason": null}], "usage": null}'
+    )
+    assert "usage" not in p.ChatCompletionChunk("c", "m", []).to_dict()
+    assert p.Completion("c", "m", []).to_dict()["usage"] is None
+    assert p.ChatLogprobs([]).to_dict() == {"content": [], "refusal": None}
+    assert list(p.Model("m").to_dict()) == ["id", "object", "created", "owned_by"]
+    assert list(p.Usage(1, 2, 3).to_dict()) == [
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+    ]

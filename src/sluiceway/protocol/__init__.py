@@ -5,7 +5,9 @@ Response types are frozen attrs classes with ``from_dict`` (lenient: unknown key
 are ignored, missing optional keys take their defaults, so the client also reads
 other OpenAI-compatible servers) and ``to_dict`` (exact: the fields OpenAI sends,
 with ``null`` where OpenAI sends ``null``; sluiceway extensions such as
-``stop_reason`` are left out while they are ``None``). Request types state the
+``stop_reason`` are left out while they are ``None``). Both are generic
+(``_codec.Wire``): a class states only how its wire form differs from its fields
+(key order, fields omitted while None). Request types state the
 ranges the server accepts in their annotations; the server decodes into them.
 
 Light on purpose: this package imports only attrs, msgspec (for the range

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import attrs
 
-from sluiceway.protocol._codec import JSON, drop_none, opt
-from sluiceway.protocol.envelope import envelope_dict, envelope_fields
+from sluiceway.protocol._codec import Wire
+from sluiceway.protocol.envelope import CHUNK_NULL_FLAGS, CHUNK_OMIT_NONE, ENVELOPE_ORDER
 from sluiceway.protocol.logprobs import CompletionLogprobs
 from sluiceway.protocol.usage import Usage
 
 
 @attrs.frozen
-class CompletionChoice:
+class CompletionChoice(Wire):
     """A choice of the completions API, streamed or not (same shape in both).
 
     ``index`` is ``prompt_index * n + j`` for a list of prompts.
@@ -26,29 +23,12 @@ class CompletionChoice:
     logprobs: CompletionLogprobs | None = None
     stop_reason: str | int | None = None
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CompletionChoice:
-        return cls(
-            index=int(d.get("index") or 0),
-            text=d.get("text") or "",
-            finish_reason=d.get("finish_reason"),
-            logprobs=opt(CompletionLogprobs, d.get("logprobs")),
-            stop_reason=d.get("stop_reason"),
-        )
-
-    def to_dict(self) -> JSON:
-        d: JSON = {
-            "index": self.index,
-            "text": self.text,
-            "logprobs": None if self.logprobs is None else self.logprobs.to_dict(),
-            "finish_reason": self.finish_reason,
-            "stop_reason": self.stop_reason,
-        }
-        return drop_none(d, "stop_reason")
+    wire_order = ("index", "text", "logprobs", "finish_reason", "stop_reason")
+    wire_omit_none = frozenset({"stop_reason"})
 
 
 @attrs.frozen
-class Completion:
+class Completion(Wire):
     id: str
     model: str
     choices: list[CompletionChoice]
@@ -57,16 +37,11 @@ class Completion:
     object: str = "text_completion"
     system_fingerprint: str | None = None
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Completion:
-        return cls(**envelope_fields(d, CompletionChoice, "text_completion"))
-
-    def to_dict(self) -> JSON:
-        return envelope_dict(self, usage_always=True)
+    wire_order = ENVELOPE_ORDER
 
 
 @attrs.frozen
-class CompletionChunk:
+class CompletionChunk(Wire):
     """One ``data:`` event of a streamed completion (OpenAI calls it text_completion too)."""
 
     id: str
@@ -80,12 +55,6 @@ class CompletionChunk:
     # (stream_options.include_usage), which comes in the last chunk.
     usage_null: bool = attrs.field(default=False, kw_only=True)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CompletionChunk:
-        return cls(
-            **envelope_fields(d, CompletionChoice, "text_completion"),
-            usage_null="usage" in d and d["usage"] is None,
-        )
-
-    def to_dict(self) -> JSON:
-        return envelope_dict(self, usage_always=self.usage_null)
+    wire_order = ENVELOPE_ORDER
+    wire_omit_none = CHUNK_OMIT_NONE
+    wire_null_flags = CHUNK_NULL_FLAGS

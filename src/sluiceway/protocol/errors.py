@@ -6,12 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import msgspec
 
-from sluiceway.protocol._codec import JSON
+from sluiceway.protocol._codec import JSON, Wire, decode, encode
 
 
 @attrs.frozen
-class ErrorObject:
+class ErrorObject(Wire):
     """The body of an OpenAI error response: ``{"error": {...}}``."""
 
     message: str
@@ -25,20 +26,13 @@ class ErrorObject:
         inner = d.get("error", d)
         if isinstance(inner, str):  # some servers send {"error": "text"}
             return cls(message=inner, type="error")
-        return cls(
-            message=str(inner.get("message", "")),
-            type=str(inner.get("type") or "error"),
-            param=inner.get("param"),
-            code=inner.get("code"),
-        )
+        if inner.get("type") is None:  # a server's error without a type
+            inner = {**inner, "type": "error"}
+        try:
+            return decode(cls, inner)
+        except msgspec.ValidationError:  # still an error: keep what it says
+            return cls(message=str(inner.get("message", "")), type="error")
 
     def to_dict(self) -> JSON:
         """The whole response body, ``{"error": {...}}``."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return {"error": encode(self)}
