@@ -5,6 +5,7 @@ connection the server leaves hanging fails the test instead of hanging it."""
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 from contextlib import suppress
@@ -209,3 +210,16 @@ async def test_a_client_that_stops_reading_is_cut_off_and_its_request_freed(
             with trio.fail_after(LIMIT_S):
                 next_body = json.dumps(chat("next", max_tokens=3)).encode()
                 assert await other.request("POST", CHAT, next_body, key=None) == 200
+
+
+async def test_a_cancelled_server_closes_its_open_connections(start_server: Any) -> None:
+    async with start_server() as server:
+        conn = await RawConnection.open(server.url)
+        with trio.fail_after(LIMIT_S):
+            assert await conn.request("GET", "/v1/models", key=None) == 200  # kept, idle
+    # The server was cancelled with the connection open: its side is closed, not
+    # left for the garbage collector (which would warn of an unclosed socket).
+    gc.collect()
+    async with conn:
+        with trio.fail_after(LIMIT_S):
+            assert await conn.closed_by_server()

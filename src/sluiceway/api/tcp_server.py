@@ -60,6 +60,10 @@ _REFUSAL_HEAD = (
 )
 
 
+# How long closing a connection may take (a TLS close_notify to a stalled peer).
+_CLOSE_LIMIT_SECONDS = 1.0
+
+
 class ImmediateSendTCPServer(TCPServer):
     async def run(self) -> None:
         """Serve the connection as hypercorn does, unless the server already holds
@@ -73,6 +77,16 @@ class ImmediateSendTCPServer(TCPServer):
             await super().run()
         finally:
             limits.release_connection()
+
+    async def _close(self) -> None:
+        """Close the socket as hypercorn does, even when the connection's task is
+        being cancelled (the end of a drain, a server cancelled in a test): there
+        hypercorn's first checkpoint raised and the socket was left for the garbage
+        collector to close. Bounded, since a TLS close may wait on its peer."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_LIMIT_SECONDS):
+            await super()._close()
+        if type(self.stream) is trio.SocketStream:
+            self.stream.socket.close()  # idempotent; covers a close cut by the deadline
 
     async def _refuse(self) -> None:
         fd = plain_socket_fd(self.stream)
