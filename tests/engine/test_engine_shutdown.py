@@ -33,12 +33,10 @@ class _ThreadRecordingRunner(ScriptedRunner):
             self.returned += 1
 
 
-async def test_cancelling_the_loop_waits_for_a_watched_step_and_stops_the_model_thread(mock_clock):
-    # The clock stands still: the watchdog (step_timeout) can never be what ends the
-    # wait. The server passes the thread that loaded the model and has a watchdog.
-    gate = threading.Event()
-    runner = _ThreadRecordingRunner(gate)
-    engine = Engine(
+def _served_engine(runner: _ThreadRecordingRunner) -> Engine:
+    """An engine as the server builds one: a step watchdog, and the thread that
+    loaded the model passed in."""
+    return Engine(
         runner,
         tok,
         EngineConfig(step_timeout=30),
@@ -46,6 +44,14 @@ async def test_cancelling_the_loop_waits_for_a_watched_step_and_stops_the_model_
         max_model_len=128,
         model_thread=ModelThread(name="test-model"),
     )
+
+
+async def test_cancelling_the_loop_waits_for_a_watched_step_and_stops_the_model_thread(mock_clock):
+    # The clock stands still: the watchdog (step_timeout) can never be what ends the
+    # wait. The server passes the thread that loaded the model and has a watchdog.
+    gate = threading.Event()
+    runner = _ThreadRecordingRunner(gate)
+    engine = _served_engine(runner)
     scope = trio.CancelScope()
     at_return: list[tuple[int, list[bool]]] = []
 
@@ -79,14 +85,7 @@ async def test_the_thread_that_loaded_the_model_is_gone_when_the_loop_ends(mock_
     # The server passes in the thread that loaded the model; nothing else stops it.
     runner = _ThreadRecordingRunner(threading.Event())
     runner.gate.set()
-    engine = Engine(
-        runner,
-        tok,
-        EngineConfig(step_timeout=30),
-        eos_token_ids=[256],
-        max_model_len=128,
-        model_thread=ModelThread(name="test-model"),
-    )
+    engine = _served_engine(runner)
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)
         async with engine.generate([97], SamplingParams(max_tokens=3)) as (ch,):
