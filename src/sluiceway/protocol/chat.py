@@ -58,7 +58,8 @@ class DeltaMessage(Wire):
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
-    wire_omit_none = frozenset({"role", "tool_calls"})
+    # A chunk that ends a choice, or carries only tool calls, has no content key.
+    wire_omit_none = frozenset({"role", "content", "tool_calls"})
 
 
 @attrs.frozen
