@@ -42,6 +42,11 @@ def test_a_call_cut_short_stays_text() -> None:
     assert parse("Sure. " + cut) == ("Sure. " + cut, [])
 
 
+def test_a_later_call_cut_short_is_dropped() -> None:
+    content, calls = parse(CALL_A + "\n" + CALL_B[:30])
+    assert content is None and [c.function.name for c in calls] == ["get_weather"]
+
+
 def _stream(pieces: list[str]) -> tuple[str, dict[int, dict[str, Any]]]:
     parser = ToolCallParser()
     content = []

@@ -138,16 +138,14 @@ class ToolCallParser:
 
 
 def parse(text: str) -> tuple[str | None, list[protocol.ToolCall]]:
-    """A whole output's content and its calls. With calls, the content is the text
-    around them, stripped, or None when there is none. An output that ends inside a
-    call (cut by its length limit) has no calls: all of it is content."""
+    """A whole output's content and its complete calls. With calls, the content is
+    the text around them, stripped, or None when there is none. A call the output
+    ended inside (cut by its length limit) is not returned; when it was the only
+    one, all of the output is content."""
     parser = ToolCallParser()
     parser.feed(text)
     parser.finish()
-    if parser.in_call:
-        return text, []
     calls = parser.complete_calls()
-    content = "".join(parser.content)
     if not calls:
-        return content, []
-    return content.strip() or None, calls
+        return (text if parser.in_call else "".join(parser.content)), []
+    return "".join(parser.content).strip() or None, calls

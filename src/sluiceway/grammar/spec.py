@@ -44,9 +44,36 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that lists
+    its `properties` and says nothing about others: output has only the properties
+    a schema names (xgrammar's strict mode, vLLM's default). A small model left free
+    to add properties adds them until its tokens run out."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def json_schema(schema: Mapping[str, Any] | bool) -> GrammarSpec:
-    """Output valid against `schema` (a JSON Schema object, or `true`)."""
-    return GrammarSpec("json_schema", _canonical(schema if schema is not True else {}))
+    """Output valid against `schema` (a JSON Schema object, or `true`), objects
+    `closed` to the properties they name."""
+    return GrammarSpec("json_schema", _canonical(closed(schema) if schema is not True else {}))
 
 
 def json_object() -> GrammarSpec:
@@ -76,7 +103,7 @@ def _call_schema(name: str, parameters: Mapping[str, Any] | None) -> dict[str, A
         "type": "object",
         "properties": {
             "name": {"const": name},
-            "arguments": dict(parameters) if parameters is not None else {"type": "object"},
+            "arguments": closed(dict(parameters)) if parameters is not None else {"type": "object"},
         },
         "required": ["name", "arguments"],
         "additionalProperties": False,
@@ -110,7 +137,7 @@ def tool_calls(
     if required:
         return lark(f'%llguidance {{}}\nstart: "{TOOL_CALL_OPEN}\\n" call{more}\n{call}')
     if answer_schema is not None:
-        answer = {**answer_schema, "x-guidance": JSON_OPTIONS}
+        answer = {**closed(dict(answer_schema)), "x-guidance": JSON_OPTIONS}
         return lark(
             "%llguidance {}\n"
             f'start: answer | "{TOOL_CALL_OPEN}\\n" call{more}\n'
