@@ -85,6 +85,21 @@ class _EngineCollector(Collector):
                 "Sequences preempted for lack of KV blocks.",
                 s.num_preemptions_total,
             ),
+            (
+                "sluiceway_grammar_mask_rows",
+                "Next-token masks filled for constrained choices (one per token).",
+                s.grammar_mask_rows_total,
+            ),
+            (
+                "sluiceway_grammar_mask_fill_seconds",
+                "Time spent filling next-token masks, beside the model step.",
+                s.grammar_mask_fill_seconds_total,
+            ),
+            (
+                "sluiceway_grammar_mask_wait_seconds",
+                "Time steps waited for their masks after the model had run.",
+                s.grammar_mask_wait_seconds_total,
+            ),
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)

@@ -36,6 +36,8 @@ class TokenMasks(Protocol):
     (bit t % 32 of word t // 32 set where token t is allowed)."""
 
     rows: tuple[int, ...]
+    fill_seconds: float  # set once filled: how long the fill took
+    wait_seconds: float  # how long `wait` blocked the step
 
     def wait(self) -> Any: ...
 

@@ -35,6 +35,9 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     num_constrained_seqs: int = 0
+    grammar_mask_rows_total: int = 0
+    grammar_mask_fill_seconds_total: float = 0.0
+    grammar_mask_wait_seconds_total: float = 0.0
 
 
 class EngineCore:
@@ -71,6 +74,11 @@ class EngineCore:
         self._next_seq_id = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Constrained rows masked, the time their masks took to fill beside the
+        # model, and the part of it that steps waited for.
+        self.mask_rows_total = 0
+        self.mask_fill_seconds_total = 0.0
+        self.mask_wait_seconds_total = 0.0
 
     # ---- requests -------------------------------------------------------------
 
@@ -172,6 +180,9 @@ class EngineCore:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             num_constrained_seqs=sum(1 for s in self._seqs.values() if s.matcher is not None),
+            grammar_mask_rows_total=self.mask_rows_total,
+            grammar_mask_fill_seconds_total=self.mask_fill_seconds_total,
+            grammar_mask_wait_seconds_total=self.mask_wait_seconds_total,
         )
 
     # ---- the step -------------------------------------------------------------
@@ -191,6 +202,11 @@ class EngineCore:
         sampling = [w.seq for w in plan.work if w.completes_sequence]
         batch = StepBatch(tuple(self._chunk(w) for w in plan.work), self._start_masks(sampling))
         samples = self.runner.step(batch)
+        if batch.token_masks is not None:
+            masks = batch.token_masks
+            self.mask_rows_total += len(masks.rows)
+            self.mask_fill_seconds_total += masks.fill_seconds
+            self.mask_wait_seconds_total += masks.wait_seconds
         if len(samples) != len(sampling):
             raise RuntimeError(f"runner returned {len(samples)} samples for {len(sampling)} chunks")
         for w in plan.work:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Sequence
 
 import llguidance
@@ -40,10 +41,16 @@ class TokenMasks:
     def __init__(self, rows: Sequence[int], future: concurrent.futures.Future[np.ndarray]) -> None:
         self.rows = tuple(rows)
         self._future = future
+        self.fill_seconds = 0.0  # how long the fill took (on its own thread)
+        self.wait_seconds = 0.0  # how long `wait` blocked: the part the model did not hide
 
     def wait(self) -> np.ndarray:
         """Block until the fill is done; raises what the fill raised."""
-        return self._future.result()
+        start = time.perf_counter()
+        try:
+            return self._future.result()
+        finally:
+            self.wait_seconds += time.perf_counter() - start
 
 
 def start_fill(rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenMasks:
@@ -54,8 +61,12 @@ def start_fill(rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenMasks:
     vocab_size = rows[0][1].vocab_size
 
     def fill() -> np.ndarray:
+        start = time.perf_counter()
         bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), vocab_size)
         llguidance.numpy.fill_next_token_bitmask_par(executor, matchers, bitmask)
+        masks.fill_seconds = time.perf_counter() - start
         return bitmask
 
-    return TokenMasks([row for row, _ in rows], thread.submit(fill))
+    masks = TokenMasks([row for row, _ in rows], concurrent.futures.Future())
+    masks._future = thread.submit(fill)
+    return masks
