@@ -33,6 +33,8 @@ class EngineStats:
     num_preemptions_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
 
 
 class EngineCore:
@@ -162,6 +164,8 @@ class EngineCore:
             num_preemptions_total=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_queries_total=self.scheduler.prefix_cache_queries,
+            prefix_cache_hits_total=self.scheduler.prefix_cache_hits,
         )
 
     # ---- the step -------------------------------------------------------------

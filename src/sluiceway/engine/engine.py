@@ -25,6 +25,7 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
+from sluiceway.engine.kv_events import KVEventSink
 from sluiceway.engine.model_thread import (
     CallingThread,
     ModelThread,
@@ -152,6 +153,16 @@ class Engine:
     def close(self) -> None:
         """Stop admitting work (draining); requests already accepted carry on."""
         self._closed = True
+
+    @property
+    def block_size(self) -> int:
+        return self._core.blocks.block_size
+
+    def attach_kv_event_sink(self, sink: KVEventSink | None) -> None:
+        """Report the prefix cache's block lifecycle to `sink` (see `kv_events`), or
+        stop (None). Call before `run`. The sink is called by whichever thread runs
+        the core (the model thread during a step), so it must only hand events on."""
+        self._core.blocks.event_sink = sink
 
     @asynccontextmanager
     async def generate(
