@@ -12,6 +12,7 @@ import msgpack
 import pytest
 import zmq
 
+from kv_event_helpers import replay
 from sluiceway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from sluiceway.fleet.kv_event_publisher import KVEventPublisher
 from sluiceway.fleet.kv_events_config import KVEventsConfig
@@ -43,25 +44,6 @@ def publisher() -> Iterator[KVEventPublisher]:
     p.start()
     yield p
     p.close()
-
-
-def _replay(endpoint: str, start: int = 0) -> list[tuple[int, list[Any]]]:
-    """Every batch from `start` on, as (seq, decoded payload), via the ROUTER socket
-    (a DEALER reads the several answers one request gets)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart((b"", start.to_bytes(8, "big")))
-        out = []
-        while True:
-            _, seq, payload = sock.recv_multipart()
-            if int.from_bytes(seq, "big", signed=True) == -1:
-                return out
-            out.append((int.from_bytes(seq, "big"), msgpack.unpackb(payload)))
-    finally:
-        sock.close(linger=0)
 
 
 def test_config_parses_vllm_json_and_names_mistakes() -> None:
@@ -119,10 +101,10 @@ def test_replay_resends_buffered_batches_in_order(publisher: KVEventPublisher) -
     publisher.record(BlockRemoved((7,)))
     _until(lambda: publisher.sent_batches == 2)
     assert publisher.replay_endpoint is not None
-    batches = _replay(publisher.replay_endpoint)
+    batches = replay(publisher.replay_endpoint)
     assert [seq for seq, _ in batches] == [0, 1]
     assert batches[1][1][1] == [{"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"}]
-    assert [seq for seq, _ in _replay(publisher.replay_endpoint, start=1)] == [1]
+    assert [seq for seq, _ in replay(publisher.replay_endpoint, start=1)] == [1]
 
 
 def test_a_full_queue_drops_counts_and_then_clears_subscribers() -> None:
@@ -134,7 +116,7 @@ def test_a_full_queue_drops_counts_and_then_clears_subscribers() -> None:
     try:
         _until(lambda: p.sent_batches == 1)
         assert p.replay_endpoint is not None
-        ((_, (_, events, _)),) = _replay(p.replay_endpoint)
+        ((_, (_, events, _)),) = replay(p.replay_endpoint)
         assert [e["type"] for e in events] == ["BlockStored", "BlockStored", "AllBlocksCleared"]
     finally:
         p.close()

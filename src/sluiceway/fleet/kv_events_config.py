@@ -84,3 +84,15 @@ def _check_type(name: str, value: Any) -> None:
     if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
         wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise ValueError(f"--kv-events-config: {name} must be {wanted}, got {value!r}")
+
+
+@attrs.frozen
+class KVEventSource:
+    """Where a running publisher can be reached: its bound PUB (and replay) address
+    and the settings subscribers ask about (`GET /kv_event_sources`)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    hwm: int
+    buffer_steps: int
