@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 
