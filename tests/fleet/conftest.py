@@ -1,5 +1,5 @@
 """Fleet tests: the scripted runner for in-process servers (`start_server` in
-tests/conftest.py), and the subprocess helpers of load_tests/."""
+tests/conftest.py), and the subprocess helpers of load_tests/ (servers, the router)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 

@@ -27,7 +27,9 @@ def _documents() -> list[tuple[str, dict[str, Any]]]:
     for path in sorted((DEPLOY / "kubernetes").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
-                docs.append((f"{path.relative_to(DEPLOY)}:{doc['kind']}/{doc['metadata']['name']}", doc))
+                docs.append(
+                    (f"{path.relative_to(DEPLOY)}:{doc['kind']}/{doc['metadata']['name']}", doc)
+                )
     return docs
 
 
@@ -101,7 +103,9 @@ def test_compose_puts_every_replica_behind_the_router() -> None:
     services = compose["services"]
     replicas = sorted(name for name in services if name.startswith("replica-"))
     command = services["router"]["command"]
-    urls = command[command.index("--worker-urls") + 1 : command.index("--worker-urls") + 1 + len(replicas)]
+    urls = command[
+        command.index("--worker-urls") + 1 : command.index("--worker-urls") + 1 + len(replicas)
+    ]
     assert urls == [f"http://{name}:8000" for name in replicas]
     for name in replicas:
         args = services[name]["command"]

@@ -38,7 +38,9 @@ LONG = "the river flows under a quiet bridge and on " * 8
 def replicas(tokenizer_dir: Path, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     # Model steps take a few milliseconds, so streams are still open when one dies.
     flags = ["--step-delay", "0.004", "--kv-events-config", KV_EVENTS]
-    pair = [ServerProcess.fake(tokenizer_dir, flags, tmp_path / f"replica{i}.log") for i in range(2)]
+    pair = [
+        ServerProcess.fake(tokenizer_dir, flags, tmp_path / f"replica{i}.log") for i in range(2)
+    ]
     try:
         # Both start at once: each takes seconds to import and load its tokenizer.
         with ThreadPoolExecutor(2) as pool:
@@ -132,12 +134,18 @@ async def test_mixed_load_through_kv_aware_router(
 
             async with trio.open_nursery() as nursery:
                 for i in range(4):
-                    nursery.start_soon(one_stream, "/v1/chat/completions", _chat(f"story {i}", max_tokens=24))
-                    nursery.start_soon(one_call, "/v1/chat/completions", _chat(f"note {i}", max_tokens=8))
+                    nursery.start_soon(
+                        one_stream, "/v1/chat/completions", _chat(f"story {i}", max_tokens=24)
+                    )
+                    nursery.start_soon(
+                        one_call, "/v1/chat/completions", _chat(f"note {i}", max_tokens=8)
+                    )
                 for i in range(3):
                     body = _completion(f"once {i}", max_tokens=12, n=2)
                     nursery.start_soon(one_stream, "/v1/completions", body)
-                    nursery.start_soon(one_call, "/v1/completions", _completion(["a b", "c d"], max_tokens=4))
+                    nursery.start_soon(
+                        one_call, "/v1/completions", _completion(["a b", "c d"], max_tokens=4)
+                    )
             assert outcomes == ["ok"] * 7
             assert len(bodies) == 7
 
@@ -161,7 +169,11 @@ async def test_a_replica_killed_mid_load(replicas: list[ServerProcess], tmp_path
             outcomes: list[str] = []
 
             async def one_stream(i: int) -> None:
-                outcomes.append(await _stream(client, "/v1/chat/completions", _chat(f"long {i}", max_tokens=400)))
+                outcomes.append(
+                    await _stream(
+                        client, "/v1/chat/completions", _chat(f"long {i}", max_tokens=400)
+                    )
+                )
 
             with trio.fail_after(60):  # no stream may hang
                 async with trio.open_nursery() as nursery:
@@ -173,19 +185,25 @@ async def test_a_replica_killed_mid_load(replicas: list[ServerProcess], tmp_path
                     # Requests that start now and are sent to the dead replica are retried
                     # on the live one.
                     for i in range(6):
-                        await _complete(client, "/v1/completions", _completion(f"after {i}", max_tokens=3))
+                        await _complete(
+                            client, "/v1/completions", _completion(f"after {i}", max_tokens=3)
+                        )
             assert len(outcomes) == 8
             assert outcomes.count("ok") >= 1, outcomes  # the survivor's streams finish
             assert outcomes.count("ok") < 8, outcomes  # the victim's end early, without hanging
 
             # The router marks it unhealthy and stops sending to it: no more retries.
             await _poll(lambda: router.healthy_workers() == 1)
-            served = _metric(survivor.url, f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}}')
+            served = _metric(
+                survivor.url, f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}}'
+            )
             retries = router.counter("vllm_router_retries_total")
             for i in range(4):
                 await _complete(client, "/v1/completions", _completion(f"later {i}", max_tokens=3))
             assert router.counter("vllm_router_retries_total") == retries
-            after = _metric(survivor.url, f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}}')
+            after = _metric(
+                survivor.url, f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}}'
+            )
             assert after == served + 4
     finally:
         router.stop()

@@ -45,7 +45,10 @@ async def test_vllm_named_metrics_follow_the_engine(start_server: Any) -> None:
             "vllm:e2e_request_latency_seconds_count",
         ):
             assert before[name + label] == 0, name
-        assert before[f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="{MODEL}"}}'] == 0
+        assert (
+            before[f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="{MODEL}"}}']
+            == 0
+        )
 
         usages = []
         for _ in range(2):  # the second finds the first's prompt blocks cached
@@ -103,9 +106,10 @@ async def test_a_server_publishes_its_cached_blocks(start_server: Any) -> None:
         endpoint="tcp://127.0.0.1:0",
         replay_endpoint="tcp://127.0.0.1:0",
     )
-    async with start_server(kv_events=config) as server, httpx.AsyncClient(
-        base_url=server.url
-    ) as client:
+    async with (
+        start_server(kv_events=config) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
         source = (await client.get("/kv_event_sources")).json()["0"]
         assert source["endpoint"].startswith("tcp://127.0.0.1:")
         assert source["publisher"] == "zmq" and source["enable_kv_cache_events"]

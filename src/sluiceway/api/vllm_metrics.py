@@ -39,8 +39,16 @@ class VllmCollector(Collector):
         s = self._stats()
         total = s.kv_blocks_total
         gauges = [
-            ("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running_seqs),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting_seqs),
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                s.num_running_seqs,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                s.num_waiting_seqs,
+            ),
             (
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
@@ -63,7 +71,11 @@ class VllmCollector(Collector):
                 s.prefix_cache_hits_total,
             ),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
-            ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                s.generation_tokens_total,
+            ),
             (
                 "vllm:num_preemptions",
                 "Cumulative number of preemption from the engine.",

@@ -45,7 +45,11 @@ async def publishing_kv_events(
     try:
         engine.attach_kv_event_sink(publisher.record)
         state.kv_event_source = KVEventSource(
-            publisher.endpoint, publisher.replay_endpoint, config.topic, config.hwm, config.buffer_steps
+            publisher.endpoint,
+            publisher.replay_endpoint,
+            config.topic,
+            config.hwm,
+            config.buffer_steps,
         )
         state.metrics.registry.register(collector)
         yield
