@@ -149,6 +149,14 @@ async def test_mixed_load_through_kv_aware_router(
             assert outcomes == ["ok"] * 7
             assert len(bodies) == 7
 
+            # The client's request id reaches the replica and comes back.
+            r = await client.post(
+                "/v1/completions",
+                json=_completion("hi", max_tokens=2),
+                headers={"X-Request-Id": "fleet-req-7"},
+            )
+            assert r.status_code == 200 and r.headers["x-request-id"] == "fleet-req-7"
+
             # A conversation's next turn goes where its prefix is cached.
             first = await _complete(client, "/v1/chat/completions", _chat(LONG, max_tokens=4))
             again = await _complete(client, "/v1/chat/completions", _chat(LONG, max_tokens=4))
