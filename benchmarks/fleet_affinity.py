@@ -41,17 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "load_tests"))
 
 import trio.lowlevel
 from load_server import ServerProcess
-from router_process import RouterProcess, router_binary
+from router_process import LOOPBACK_KV_EVENTS, RouterProcess, router_binary
 
 MODEL = "test-model"
-KV_EVENTS = json.dumps(
-    {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": "tcp://127.0.0.1:0",
-        "replay_endpoint": "tcp://127.0.0.1:0",
-    }
-)
 TOPICS = (
     "rivers", "bridges", "lighthouses", "orchards", "glaciers", "harbors", "libraries", "deserts",
     "volcanoes", "canals", "forests", "comets", "mills", "islands", "meadows", "caves",
@@ -85,11 +77,11 @@ def _replicas(
     args: argparse.Namespace, tokenizer: str, logs: Path, policy: str
 ) -> list[ServerProcess]:
     if args.real:
-        flags = ["--served-model-name", MODEL, "--kv-events-config", KV_EVENTS]
+        flags = ["--served-model-name", MODEL, "--kv-events-config", LOOPBACK_KV_EVENTS]
         flags += ["--num-kv-blocks", str(args.kv_blocks), *args.replica_flag]
         pair = [ServerProcess.sluiceway(flags, logs / f"{policy}-replica{i}.log") for i in range(2)]
     else:
-        flags = ["--kv-events-config", KV_EVENTS, "--num-kv-blocks", str(args.kv_blocks)]
+        flags = ["--kv-events-config", LOOPBACK_KV_EVENTS, "--num-kv-blocks", str(args.kv_blocks)]
         flags += args.replica_flag
         pair = [
             ServerProcess.fake(tokenizer, flags, logs / f"{policy}-replica{i}.log")

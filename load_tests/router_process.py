@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -10,6 +11,17 @@ import time
 from pathlib import Path
 
 import httpx
+
+# `--kv-events-config` for a replica on loopback: its publisher and replay sockets
+# on ports the OS picks (the router learns them from /kv_event_sources).
+LOOPBACK_KV_EVENTS = json.dumps(
+    {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://127.0.0.1:0",
+        "replay_endpoint": "tcp://127.0.0.1:0",
+    }
+)
 
 
 def router_binary() -> str | None:

@@ -18,26 +18,18 @@ import httpx
 import pytest
 import trio
 from load_server import ServerProcess
-from router_process import RouterProcess, router_binary
+from router_process import LOOPBACK_KV_EVENTS, RouterProcess, router_binary
 
 pytestmark = pytest.mark.skipif(router_binary() is None, reason="vllm-router is not installed")
 
 MODEL = "test-model"
-KV_EVENTS = json.dumps(
-    {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": "tcp://127.0.0.1:0",
-        "replay_endpoint": "tcp://127.0.0.1:0",
-    }
-)
 LONG = "the river flows under a quiet bridge and on " * 8
 
 
 @pytest.fixture
 def replicas(tokenizer_dir: Path, tmp_path: Path) -> Iterator[list[ServerProcess]]:
     # Model steps take a few milliseconds, so streams are still open when one dies.
-    flags = ["--step-delay", "0.004", "--kv-events-config", KV_EVENTS]
+    flags = ["--step-delay", "0.004", "--kv-events-config", LOOPBACK_KV_EVENTS]
     pair = [
         ServerProcess.fake(tokenizer_dir, flags, tmp_path / f"replica{i}.log") for i in range(2)
     ]

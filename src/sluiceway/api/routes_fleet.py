@@ -15,15 +15,16 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from quart import Blueprint, Response, current_app, request
 
-from sluiceway import protocol
-from sluiceway.api import errors, prompts, sse
+from sluiceway.api import prompts, sse
+from sluiceway.api.routes_generation import chat_prompts, completion_prompts
 from sluiceway.api.state import ServerState
-from sluiceway.api.validation import chat_request, completion_request
 from sluiceway.fleet.kv_events_config import KVEventSource
 
 blueprint = Blueprint("fleet", __name__)
@@ -107,55 +108,28 @@ def reachable(endpoint: str | None, http_host: str) -> str | None:
 
 @blueprint.post("/v1/chat/completions/render")
 async def render_chat() -> Response:
-    state = _state()
-    data = await request.get_data(cache=False)
-
-    def prepare() -> tuple[str | None, list[prompts.Prompt]]:
-        req = chat_request(
-            prompts.parse_body(data, protocol.ChatCompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-            max_messages=state.engine.max_model_len,
-        )
-        _check_model(state, req.model)
-        tok = state.tokenizer
-        return req.model, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt)
-
-    model, ready = await prompts.prepare(state, len(data), prepare)
-    return _rendered(state, model, ready)
+    return await _render(chat_prompts)
 
 
 @blueprint.post("/v1/completions/render")
 async def render_completion() -> Response:
+    return await _render(completion_prompts)
+
+
+async def _render(
+    parse: Callable[[ServerState, bytes | str], tuple[Any, list[prompts.Prompt]]],
+) -> Response:
+    """The body parsed and tokenized exactly as the generation route does, answered
+    as vLLM's GenerateRequest for the first prompt (a chat request has one; a
+    router routes a request of several prompts by its first)."""
     state = _state()
     data = await request.get_data(cache=False)
-
-    def prepare() -> tuple[str | None, list[prompts.Prompt]]:
-        req = completion_request(
-            prompts.parse_body(data, protocol.CompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-        )
-        _check_model(state, req.model)
-        return req.model, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
-
-    model, ready = await prompts.prepare(state, len(data), prepare)
-    return _rendered(state, model, ready)
-
-
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
-        raise errors.model_not_found(model)
-
-
-def _rendered(state: ServerState, model: str | None, ready: list[prompts.Prompt]) -> Response:
-    """vLLM's GenerateRequest for the first prompt (a chat request has one; a
-    router routes a request with several prompts by its first)."""
+    req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
     return _json(
         {
             "request_id": uuid.uuid4().hex,
             "token_ids": list(ready[0].token_ids),
-            "model": model or state.model_name,
+            "model": req.model or state.model_name,
             "sampling_params": {},
             "stream": False,
         }
