@@ -4,13 +4,15 @@ probes, and KV-cache events from a running server (in process, scripted runner).
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import httpx
 import trio
+from fakes import ScriptedRunner
 
 from kv_event_helpers import replayed_events
-from server_helpers import chat, completion
+from server_helpers import chat, completion, eventually
 from sluiceway.api.routes_fleet import reachable
 from sluiceway.fleet.kv_events_config import KVEventsConfig
 
@@ -138,3 +140,40 @@ async def test_a_server_publishes_its_cached_blocks(start_server: Any) -> None:
             assert child["parent_block_hash"] == parent["block_hashes"][0]
         metrics = (await client.get("/metrics")).text
         assert "sluiceway_kv_events_dropped_total 0.0" in metrics
+
+        # The router's /flush_cache empties the cache and tells subscribers so.
+        assert (await client.post("/flush_cache")).json() == {"reset": True}
+        with trio.fail_after(10):
+            while events[-1]["type"] != "AllBlocksCleared":
+                await trio.sleep(0.01)
+                await read()
+        again = await client.post("/v1/chat/completions", json=chat(LONG, max_tokens=2))
+        assert "prompt_tokens_details" not in again.json()["usage"]
+
+
+async def test_the_cache_is_not_reset_under_a_running_request(
+    start_server: Any, runner: ScriptedRunner
+) -> None:
+    runner.gated = True
+    async with (
+        start_server() as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        engine = server.state.engine
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(client.post, "/v1/chat/completions", json=chat("hi", max_tokens=20))
+            )
+            await eventually(lambda: engine.stats().kv_blocks_used > 0)
+            replies = []
+
+            async def reset() -> None:
+                replies.append(await client.post("/reset_prefix_cache"))
+
+            nursery.start_soon(reset)
+            # The reset waits in the loop's inbox for the step boundary.
+            await eventually(lambda: engine._inbox.statistics().current_buffer_used > 0)
+            runner.allow(1)
+            await eventually(lambda: bool(replies))
+            assert replies[0].status_code == 409 and replies[0].json() == {"reset": False}
+            runner.open()

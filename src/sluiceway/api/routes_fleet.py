@@ -10,6 +10,9 @@
   token ids a request would run (vLLM's GenerateRequest shape), so a router can
   hash the prompt exactly as this server will, with no tokenizer of its own.
 - `GET /get_model_info`: the served model (the router proxies it to a worker).
+- `POST /flush_cache` (the router's `/flush_cache` calls it on every worker) and
+  `POST /reset_prefix_cache` (vLLM's name): forget every cached prefix, if no
+  request holds KV blocks; `{"reset": true}`, or 409 with `{"reset": false}`.
 """
 
 from __future__ import annotations
@@ -66,6 +69,15 @@ async def get_server_info() -> Response:
 async def get_model_info() -> Response:
     name = _state().model_name
     return _json({"model_path": name, "tokenizer_path": name, "is_generation": True})
+
+
+@blueprint.post("/flush_cache")
+@blueprint.post("/reset_prefix_cache")
+async def reset_prefix_cache() -> Response:
+    done = await _state().engine.reset_prefix_cache()
+    return Response(
+        sse.dumps({"reset": done}), status=200 if done else 409, content_type="application/json"
+    )
 
 
 @blueprint.get("/kv_event_sources")

@@ -61,7 +61,12 @@ class _AbortRequest:
     request_id: int
 
 
-_Message = _AddRequest | _AbortRequest
+@attrs.frozen
+class _ResetPrefixCache:
+    reply: trio.MemorySendChannel[bool]
+
+
+_Message = _AddRequest | _AbortRequest | _ResetPrefixCache
 
 
 class Engine:
@@ -153,6 +158,21 @@ class Engine:
     def close(self) -> None:
         """Stop admitting work (draining); requests already accepted carry on."""
         self._closed = True
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (subscribers to KV events get
+        `AllBlocksCleared`), at the loop's next step boundary. True if done; False,
+        changing nothing, while a request holds KV blocks or when the engine has
+        failed or is draining. Cancelling the wait does not withdraw the reset."""
+        if not self.healthy:
+            return False
+        reply, result = trio.open_memory_channel[bool](1)
+        self._inbox_send.send_nowait(_ResetPrefixCache(reply))
+        with result:
+            try:
+                return await result.receive()
+            except trio.EndOfChannel:  # the loop stopped before it got there
+                return False
 
     @property
     def block_size(self) -> int:
@@ -354,6 +374,11 @@ class Engine:
         if isinstance(message, _AbortRequest):
             self._abort(message.request_id)
             return
+        if isinstance(message, _ResetPrefixCache):
+            done = self._core.blocks.reset_prefix_cache()
+            with message.reply, suppress(trio.BrokenResourceError):  # its caller may have left
+                message.reply.send_nowait(done)
+            return
         self._queued_choices -= len(message.senders)
         if message.request_id not in self._live_requests:
             return  # the caller left before the loop saw the request
@@ -439,6 +464,8 @@ class Engine:
                     with suppress(trio.BrokenResourceError):
                         sender.send_nowait(error)  # the caller may have left already
                     sender.close()
+            elif isinstance(message, _ResetPrefixCache):
+                message.reply.close()  # its caller gets False
         self._live_requests.clear()
         self._queued_choices = 0
         self._step_boundary.unpark_all()
