@@ -15,13 +15,14 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import trio
 from quart import Blueprint, Response, current_app, request
 
 from sluiceway import protocol
-from sluiceway.api import access_log, errors, prompts, sse
+from sluiceway.api import access_log, errors, prompts, sse, structured
 from sluiceway.api import formatting as fmt
 from sluiceway.api.chunk_socket import ChunkSocket
 from sluiceway.api.connection import connection_nursery, connection_send
@@ -41,6 +42,7 @@ from sluiceway.api.validation import (
 from sluiceway.engine.outputs import ChoiceDelta
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=CommonRequest)
 blueprint = Blueprint("generation", __name__)
 
 
@@ -64,7 +66,8 @@ def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, li
     )
     _check_model(state, req.model)
     tok = state.tokenizer
-    return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt)
+    tools = req.tool_use.tools if req.tool_use is not None else ()
+    return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
 
 
 def completion_prompts(state: ServerState, data: bytes | str) -> tuple[CompletionRequest, list[Prompt]]:
@@ -88,6 +91,7 @@ async def chat_completions() -> Response:
 
     req, ready = await prompts.prepare(state, len(data), partial(chat_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
+    req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, ChatShape(req, state.token_text), "messages")
 
@@ -101,8 +105,18 @@ async def completions() -> Response:
 
     req, ready = await prompts.prepare(state, len(data), partial(completion_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
+    req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, CompletionShape(req, state.token_text), "prompt")
+
+
+async def _with_grammar(state: ServerState, req: R) -> R:
+    """`req` with its grammar compiled into its sampling params (see `structured`)."""
+    if req.grammar is None:
+        return req
+    param = req.grammar_param or "response_format"
+    compiled = await structured.compile_grammar(state.grammar_compiler, req.grammar, param)
+    return attrs.evolve(req, params=attrs.evolve(req.params, grammar=compiled))
 
 
 async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:

@@ -17,6 +17,7 @@ from sluiceway.api.metrics import Metrics
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_config import KVEventSource
+from sluiceway.grammar.compiler import GrammarCompiler
 
 
 @attrs.define(eq=False)
@@ -49,6 +50,15 @@ class ServerState:
     # truncation or padding only reads the tokenizer, so the two may run together
     # (the engine's detokenizer already reads it from the model thread).
     heavy_input_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    _grammar_compiler: GrammarCompiler | None = None
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles and caches the grammars of structured outputs and tool calls; it
+        reads the tokenizer's vocabulary on its first compile (off the event loop)."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.engine.eos_token_ids)
+        return self._grammar_compiler
 
     @property
     def tokenizer(self) -> Any:

@@ -135,6 +135,11 @@ class Engine:
         return self._failure is None and not self._closed
 
     @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The tokens that end an output."""
+        return self._core.eos_token_ids
+
+    @property
     def failure(self) -> str | None:
         """Why the loop failed, or None while it is well."""
         return self._failure
