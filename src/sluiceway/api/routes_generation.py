@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any, TypeVar
 
 import attrs
@@ -54,6 +55,33 @@ def _check_model(state: ServerState, model: str | None) -> None:
         raise errors.model_not_found(model)
 
 
+def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, list[Prompt]]:
+    """A chat body validated, its conversations rendered and tokenized (run by
+    `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
+    req = chat_request(
+        prompts.parse_body(data, protocol.ChatCompletionRequest),
+        state.vocab_size,
+        max_choices=state.server_config.max_choices_per_request,
+        max_messages=state.engine.max_model_len,
+    )
+    _check_model(state, req.model)
+    tok = state.tokenizer
+    tools = req.tool_use.tools if req.tool_use is not None else ()
+    return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
+
+
+def completion_prompts(state: ServerState, data: bytes | str) -> tuple[CompletionRequest, list[Prompt]]:
+    """A completions body validated and its prompts tokenized (run by
+    `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
+    req = completion_request(
+        prompts.parse_body(data, protocol.CompletionRequest),
+        state.vocab_size,
+        max_choices=state.server_config.max_choices_per_request,
+    )
+    _check_model(state, req.model)
+    return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
+
+
 @blueprint.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     state = _state()
@@ -61,19 +89,7 @@ async def chat_completions() -> Response:
     state.check_accepting()
     data = await request.get_data(cache=False)
 
-    def prepare() -> tuple[ChatRequest, list[Prompt]]:
-        req = chat_request(
-            prompts.parse_body(data, protocol.ChatCompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-            max_messages=state.engine.max_model_len,
-        )
-        _check_model(state, req.model)
-        tok = state.tokenizer
-        tools = req.tool_use.tools if req.tool_use is not None else ()
-        return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
-
-    req, ready = await prompts.prepare(state, len(data), prepare)
+    req, ready = await prompts.prepare(state, len(data), partial(chat_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
     req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
@@ -87,16 +103,7 @@ async def completions() -> Response:
     state.check_accepting()
     data = await request.get_data(cache=False)
 
-    def prepare() -> tuple[CompletionRequest, list[Prompt]]:
-        req = completion_request(
-            prompts.parse_body(data, protocol.CompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-        )
-        _check_model(state, req.model)
-        return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
-
-    req, ready = await prompts.prepare(state, len(data), prepare)
+    req, ready = await prompts.prepare(state, len(data), partial(completion_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
     req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)

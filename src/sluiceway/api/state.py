@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
+from sluiceway.fleet.kv_events_config import KVEventSource
 from sluiceway.grammar.compiler import GrammarCompiler
 
 
@@ -31,6 +33,10 @@ class ServerState:
     created: int
     # The model's embedding rows, when known: token ids past them would crash a step.
     model_vocab_size: int | None = None
+    # Where this replica publishes KV-cache events (None: it does not), and an id
+    # unique to this process, by which routers tell replicas' caches apart.
+    kv_event_source: KVEventSource | None = None
+    instance_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     draining: bool = False
     active: int = 0
     _drain_scopes: set[trio.CancelScope] = attrs.field(factory=set)

@@ -34,6 +34,8 @@ class EngineStats:
     num_preemptions_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
     num_constrained_seqs: int = 0
     grammar_mask_rows_total: int = 0
     grammar_mask_fill_seconds_total: float = 0.0
@@ -179,6 +181,8 @@ class EngineCore:
             num_preemptions_total=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_queries_total=self.scheduler.prefix_cache_queries,
+            prefix_cache_hits_total=self.scheduler.prefix_cache_hits,
             num_constrained_seqs=sum(1 for s in self._seqs.values() if s.matcher is not None),
             grammar_mask_rows_total=self.mask_rows_total,
             grammar_mask_fill_seconds_total=self.mask_fill_seconds_total,
