@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = "What is the weather in Paris today?"
+MAX_TOKENS = 60  # every constrained answer here takes 20-30 tokens
 
 
 class Weather(BaseModel):
@@ -60,7 +61,7 @@ def ask() -> list[dict[str, str]]:
 
 def test_openai_parse_with_a_pydantic_model(oai: openai.OpenAI) -> None:
     completion = oai.chat.completions.parse(
-        model=MODEL, messages=ask(), response_format=Weather, temperature=0, max_tokens=100
+        model=MODEL, messages=ask(), response_format=Weather, temperature=0, max_tokens=MAX_TOKENS
     )
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "stop"
@@ -78,7 +79,7 @@ def test_openai_tools_with_each_tool_choice(oai: openai.OpenAI, tool_choice: obj
         tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
         tool_choice=tool_choice,  # type: ignore[arg-type]
         temperature=0,
-        max_tokens=100,
+        max_tokens=MAX_TOKENS if tool_choice != "none" else 16,
     )
     choice = completion.choices[0]
     calls = choice.message.tool_calls or []
@@ -96,7 +97,7 @@ def test_openai_tools_with_each_tool_choice(oai: openai.OpenAI, tool_choice: obj
 
 
 def test_openai_streamed_tool_call_reassembles(oai: openai.OpenAI) -> None:
-    kwargs = dict(model=MODEL, messages=ask(), tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=100)
+    kwargs = dict(model=MODEL, messages=ask(), tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=MAX_TOKENS)
     whole = oai.chat.completions.create(**kwargs).choices[0].message.tool_calls  # type: ignore[call-overload]
     calls: dict[int, dict[str, str]] = {}
     finish = None
@@ -118,7 +119,7 @@ def test_openai_streamed_tool_call_reassembles(oai: openai.OpenAI) -> None:
 
 def test_a_conversation_continues_after_the_tool_answers(oai: openai.OpenAI) -> None:
     first = oai.chat.completions.create(
-        model=MODEL, messages=ask(), tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=100  # type: ignore[list-item]
+        model=MODEL, messages=ask(), tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=MAX_TOKENS  # type: ignore[list-item]
     ).choices[0].message
     assert first.tool_calls
     call = first.tool_calls[0]
@@ -138,7 +139,7 @@ def test_langchain_structured_output_and_bind_tools(server_url: str) -> None:
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(
-        model=MODEL, base_url=server_url + "/v1", api_key="unused", temperature=0, max_tokens=100, max_retries=0  # type: ignore[arg-type]
+        model=MODEL, base_url=server_url + "/v1", api_key="unused", temperature=0, max_tokens=MAX_TOKENS, max_retries=0  # type: ignore[arg-type]
     )
     for method in ("json_schema", "function_calling"):
         result = llm.with_structured_output(Weather, method=method).invoke(QUESTION)  # type: ignore[arg-type]
@@ -164,13 +165,15 @@ def test_instructor_modes(oai: openai.OpenAI, mode_name: str) -> None:
         response_model=Weather,
         messages=ask(),  # type: ignore[arg-type]
         temperature=0,
-        max_tokens=100,
+        max_tokens=MAX_TOKENS,
         max_retries=0,  # valid the first time, or the test fails
     )
     assert isinstance(weather, Weather)
 
 
 def test_agents_sdk_calls_a_function_tool(server_url: str) -> None:
+    import asyncio
+
     from agents import (
         Agent,
         ModelSettings,
@@ -189,17 +192,23 @@ def test_agents_sdk_calls_a_function_tool(server_url: str) -> None:
         seen.append(city)
         return f"18 C and sunny in {city}"
 
-    model = OpenAIChatCompletionsModel(
-        model=MODEL,
-        openai_client=openai.AsyncOpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0),
-    )
-    agent = Agent(
-        name="weather",
-        instructions="Answer with the weather tool.",
-        tools=[get_weather],
-        model=model,
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=100),
-        tool_use_behavior="stop_on_first_tool",
-    )
-    result = Runner.run_sync(agent, QUESTION, max_turns=3)
-    assert seen and result.final_output == f"18 C and sunny in {seen[0]}"
+    async def run() -> object:
+        client = openai.AsyncOpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0)
+        async with client:  # closed on this loop, before asyncio.run closes it
+            agent = make_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+            return (await Runner.run(agent, QUESTION, max_turns=3)).final_output
+
+    def make_agent(model: OpenAIChatCompletionsModel) -> Agent:
+        return Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            tools=[get_weather],
+            model=model,
+            model_settings=ModelSettings(
+                tool_choice="required", temperature=0, max_tokens=MAX_TOKENS
+            ),
+            tool_use_behavior="stop_on_first_tool",
+        )
+
+    final_output = asyncio.run(run())
+    assert seen and final_output == f"18 C and sunny in {seen[0]}"
