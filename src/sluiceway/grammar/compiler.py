@@ -110,6 +110,8 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         vocabulary = self.vocabulary()
+        # What the library raises for a spec it cannot take (ValueError, its own
+        # errors from the Rust side) is the client's to fix: a GrammarError.
         try:
             if spec.kind == "json_schema":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
@@ -119,12 +121,16 @@ class GrammarCompiler:
                 grammar = llguidance.LLMatcher.grammar_from_regex(spec.source)
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(spec.source)
-        except ValueError as exc:
-            raise GrammarError(_first_lines(str(exc))) from None
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocabulary)
-        if failed:
-            raise GrammarError(_first_lines(messages[0] if messages else "invalid grammar"))
-        matcher = llguidance.LLMatcher(vocabulary, grammar, log_level=0)
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar, vocabulary
+            )
+            if failed:
+                raise GrammarError(_first_lines(messages[0] if messages else "invalid grammar"))
+            matcher = llguidance.LLMatcher(vocabulary, grammar, log_level=0)
+        except GrammarError:
+            raise
+        except Exception as exc:
+            raise GrammarError(_first_lines(str(exc)) or type(exc).__name__) from None
         if matcher.is_error():
             raise GrammarError(_first_lines(matcher.get_error()))
         return CompiledGrammar(spec, matcher, vocabulary.vocab_size)
