@@ -1,0 +1,134 @@
+"""One rank's slice of a Llama-family model, and its slice of the KV cache.
+
+`ShardedLlamaModel` is `LlamaModel` over the rank's weights (see `sharding.py`)
+with the three seams that make the slices one model: the embedding and the
+row-parallel projections are summed over ranks (all-reduce), and rank 0
+gathers every rank's slice of the logits. The fused one-token C step is off: it
+runs every layer in one call, with nowhere to reduce between them. Weight-only
+quantization is not offered (a row-parallel slice would get other scales than
+the whole row has on one device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from sluiceway.engine.batch import ScheduledChunk
+from sluiceway.runner.attention import AttentionBackend, TorchAttention
+from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
+from sluiceway.runner.model import LlamaModel
+from sluiceway.runner.model_runner import build_inputs
+from sluiceway.runner.tensor_parallel.sharding import ShardPlan
+
+
+class ShardedLlamaModel(LlamaModel):
+    """Rank `plan.rank`'s slice; every rank must run `forward` on the same inputs,
+    in step (each call makes collectives on `group`). `forward` returns the whole
+    vocabulary's logits on rank 0 and this rank's padded slice elsewhere."""
+
+    def __init__(
+        self,
+        config,
+        state_dict: Mapping[str, torch.Tensor],
+        plan: ShardPlan,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(
+            plan.local_config(config), plan.shard(state_dict), dtype=dtype, device=device
+        )
+        self.plan = plan
+        self.group = group
+        self.fuse_one_token_steps = False
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.plan.vocab_start
+        outside = (local < 0) | (local >= self.plan.vocab_per_rank)
+        rows = F.embedding(local.clamp(0, self.plan.vocab_per_rank - 1), self.embed)
+        rows.masked_fill_(outside[:, None], 0)
+        dist.all_reduce(rows, group=self.group)
+        return rows
+
+    def output_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        local = self.lm_head(normed).to(torch.float32).contiguous()
+        if self.plan.rank != 0:
+            dist.gather(local, None, dst=0, group=self.group)
+            return local
+        slices = [torch.empty_like(local) for _ in range(self.plan.world_size)]
+        dist.gather(local, slices, dst=0, group=self.group)
+        return torch.cat(slices, dim=1)[:, : self.plan.vocab_size]
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(partial, group=self.group)
+        return partial
+
+
+class ShardRunner:
+    """A rank's model, KV cache and attention backend: the tensor-parallel
+    counterpart of `TorchModelRunner` without sampling (rank 0 samples) and
+    without decode graphs. The KV cache holds `num_blocks` blocks when given,
+    else as many as fit `kv_cache_bytes` on every rank (the smallest count is
+    agreed over `cpu_group`, which must be a gloo group)."""
+
+    def __init__(
+        self,
+        hf_config,
+        state_dict: Mapping[str, torch.Tensor],
+        plan: ShardPlan,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        num_blocks: int | None,
+        kv_cache_bytes: int | None,
+        attention: Callable[[KVCache], AttentionBackend] | None = None,
+        group: dist.ProcessGroup | None = None,
+        cpu_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.device = device
+        self.model = ShardedLlamaModel(
+            hf_config, state_dict, plan, dtype=dtype, device=device, group=group
+        )
+        shape = self.model.shape
+        if num_blocks is None:
+            if kv_cache_bytes is None:
+                raise ValueError("give num_blocks or kv_cache_bytes")
+            per_block = kv_cache_bytes_per_block(
+                num_layers=shape.num_layers,
+                block_size=block_size,
+                num_kv_heads=shape.num_kv_heads,
+                head_dim=shape.head_dim,
+                dtype=dtype,
+            )
+            num_blocks = num_blocks_for_budget(kv_cache_bytes, per_block)
+        agreed = torch.tensor([num_blocks], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=cpu_group)
+        self.kv_cache = KVCache.allocate(
+            num_layers=shape.num_layers,
+            num_blocks=int(agreed.item()),
+            block_size=block_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        self.attention: AttentionBackend = (attention or TorchAttention)(self.kv_cache)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    def logits(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """Run one step's chunks (every rank the same ones, in step); the sampling
+        rows' logits as `ShardedLlamaModel.forward` returns them."""
+        inputs = build_inputs(chunks, self.kv_cache.block_size, self.model.shape.scale, self.device)
+        meta = self.attention.prepare(inputs.meta)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
+        )
