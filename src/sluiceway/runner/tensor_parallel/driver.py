@@ -70,6 +70,7 @@ class TensorParallelRunner:
         if not 1 <= local <= spec.world_size:
             raise TensorParallelError(f"{local} local ranks of {spec.world_size}")
         self.world_size = spec.world_size
+        self.device = spec.device  # the ranks' device type, "cpu" or "cuda"
         self._step_timeout = step_timeout
         self._lock = threading.Lock()
         self._failure: str | None = None
