@@ -55,6 +55,11 @@ def spawned_rank_main(
     """Entry point of a rank that sluiceway spawned on this machine."""
     die_with_parent(lifeline, parent_pid)
     run_rank(spec, rank, local_rank=rank, commands=commands)
+    # Shut down cleanly: skip the interpreter's teardown of torch (seconds on a
+    # busy machine), which the API process would wait for.
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_rank(spec: RankSpec, rank: int, *, local_rank: int, commands: Connection | None) -> None:
