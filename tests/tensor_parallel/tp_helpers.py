@@ -4,8 +4,7 @@ torch thread each: the 2-core CI machine runs up to four), and driving an
 
 from __future__ import annotations
 
-import errno
-import os
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -114,9 +113,24 @@ def run_rounds(runner: Any, prompts: list[list[int]], *, budget: int, rounds: in
 
 
 def alive(pid: int) -> bool:
-    """Whether a process `pid` exists (a zombie counts: it has not been reaped)."""
+    """Whether process `pid` still runs: a zombie does not (its parent may be gone,
+    and whoever reaps orphans here may be slow to)."""
     try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno != errno.ESRCH
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def children(pid: int) -> list[int]:
+    """Process ids whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found

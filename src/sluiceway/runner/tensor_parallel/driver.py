@@ -170,6 +170,9 @@ class TensorParallelRunner:
                 raise self._failed(reply.reason)
             return reply
         if ready:
+            for sentinel in ready:
+                # Its pipe closes as it exits, a moment before its status is ready.
+                sentinels[sentinel].join(timeout=1.0)
             raise self._failed(self._exit_reason() or "a rank exited")
         raise self._failed(f"no reply from the ranks within {timeout} s")
 
