@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 from tp_helpers import FewerBlocks, alive, run_rounds
 
 from sluiceway.runner.loading import LoadedModel, load_model
@@ -49,6 +50,20 @@ def ranks(loaded: LoadedModel) -> Iterator[TensorParallelRunner]:
     assert not any(alive(pid) for pid in runner.rank_pids)
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """The one-device reference on one thread too: the three ranks already keep
+    the CI machine's cores busy, and OpenMP threads that wait for a descheduled
+    peer made the reference run 8x slower there."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_tp3_matches_one_device_through_chunks_prefix_hits_and_preemption(
     loaded: LoadedModel, ranks: Any
 ) -> None:

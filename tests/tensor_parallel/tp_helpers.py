@@ -122,15 +122,19 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def children(pid: int) -> list[int]:
-    """Process ids whose parent is `pid`."""
-    found = []
+def descendants(pid: int) -> list[int]:
+    """Process ids of `pid`'s children, their children, and so on."""
+    parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
+            parents.setdefault(int(stat.rpartition(")")[2].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found.extend(kids)
+        todo.extend(kids)
     return found

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import socket
 import threading
 import time
@@ -35,6 +34,13 @@ from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
 
 log = logging.getLogger(__name__)
 
+# What the fork server imports once for every rank: the rank's code, and what loading
+# a Llama-family checkpoint imports (a module that is missing is skipped).
+_PRELOAD = [
+    "sluiceway.runner.tensor_parallel.rank",
+    "sluiceway.runner.loading",
+    "transformers.models.llama.modeling_llama",
+]
 # How long ranks get to exit after a shutdown before they are killed.
 _EXIT_GRACE_SECONDS = 10.0
 
@@ -75,7 +81,13 @@ class TensorParallelRunner:
         self._lock = threading.Lock()
         self._failure: str | None = None
         self._closed = False
-        context = multiprocessing.get_context("spawn")
+        # Ranks fork from multiprocessing's fork server, a fresh single-threaded
+        # process that has imported torch and the model code once: spawning each
+        # rank anew paid that import once per rank, at the same time, on the same
+        # cores (2 ranks of a tiny model took about 25 s to start on a busy 2-core
+        # machine). Never fork this process itself: it runs threads.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)
         lifeline_reader, self._lifeline = context.Pipe(duplex=False)
         self._commands, rank0_end = context.Pipe()
         self._ranks: list[Any] = []
@@ -83,7 +95,7 @@ class TensorParallelRunner:
             for rank in range(local):
                 process = context.Process(
                     target=spawned_rank_main,
-                    args=(spec, rank, rank0_end if rank == 0 else None, lifeline_reader, os.getpid()),
+                    args=(spec, rank, rank0_end if rank == 0 else None, lifeline_reader),
                     name=f"sluiceway-tp-rank{rank}",
                     daemon=True,  # multiprocessing ends it at a normal interpreter exit too
                 )

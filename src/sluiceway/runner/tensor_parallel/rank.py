@@ -50,10 +50,10 @@ HEARTBEAT_SECONDS = 60.0
 
 
 def spawned_rank_main(
-    spec: RankSpec, rank: int, commands: Connection | None, lifeline: Connection, parent_pid: int
+    spec: RankSpec, rank: int, commands: Connection | None, lifeline: Connection
 ) -> None:
-    """Entry point of a rank that sluiceway spawned on this machine."""
-    die_with_parent(lifeline, parent_pid)
+    """Entry point of a rank that sluiceway started on this machine."""
+    die_with_parent(lifeline)
     run_rank(spec, rank, local_rank=rank, commands=commands)
     # Shut down cleanly: skip the interpreter's teardown of torch (seconds on a
     # busy machine), which the API process would wait for.
