@@ -19,6 +19,8 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
+import attrs
+
 from sluiceway.engine.batch import SampledToken, StepBatch
 from sluiceway.runner.tensor_parallel.messages import (
     RankFailed,
@@ -43,6 +45,18 @@ _PRELOAD = [
 ]
 # How long ranks get to exit after a shutdown before they are killed.
 _EXIT_GRACE_SECONDS = 10.0
+
+
+@attrs.frozen
+class StepTiming:
+    """Where one step's time went, in seconds: `total` as `step` saw it; `rank0` on
+    rank 0 from the command's arrival to its reply (so `total - rank0` is the
+    pipe and the relay to the other ranks); `collectives` within `rank0`, in
+    all-reduces and the logits' gather, waiting for slower ranks included."""
+
+    total: float
+    rank0: float
+    collectives: float
 
 
 def free_loopback_port() -> str:
@@ -112,6 +126,7 @@ class TensorParallelRunner:
             raise self._failed(f"unexpected first reply {type(reply).__name__}")
         self._block_size = reply.block_size
         self._num_blocks = reply.num_blocks
+        self.last_step: StepTiming | None = None  # the latest step's (benchmarks)
         log.info(
             "tensor parallel: %d ranks (%d on this machine), KV cache %d blocks of %d tokens each",
             spec.world_size,
@@ -142,6 +157,7 @@ class TensorParallelRunner:
         itself, which the timeout or a rank's exit bounds."""
         if not batch.chunks:
             return []
+        started = time.perf_counter()
         with self._lock:
             if self._failure is not None or self._closed:
                 raise TensorParallelError(self._failure or "the tensor-parallel runner is closed")
@@ -152,6 +168,9 @@ class TensorParallelRunner:
         reply = self._reply(timeout=self._step_timeout)
         if not isinstance(reply, StepDone):
             raise self._failed(f"unexpected reply {type(reply).__name__}")
+        self.last_step = StepTiming(
+            time.perf_counter() - started, reply.rank0_seconds, reply.collective_seconds
+        )
         return reply.tokens
 
     def close(self) -> None:

@@ -81,7 +81,12 @@ class Ready:
 
 @attrs.frozen
 class StepDone:
+    """Rank 0's samples, and where its time went: the whole step on rank 0 (from
+    the command's arrival to the reply), and the part spent in collectives."""
+
     tokens: list[SampledToken]
+    rank0_seconds: float = 0.0
+    collective_seconds: float = 0.0
 
 
 @attrs.frozen

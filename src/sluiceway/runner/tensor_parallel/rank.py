@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 from multiprocessing.connection import Connection
 
 import attrs
@@ -143,11 +144,20 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
             return
         if not isinstance(command, StepCommand):
             continue  # a heartbeat
+        started = time.perf_counter()
+        shard.model.collective_seconds = 0.0
         with torch.inference_mode():
             logits = shard.logits(command.batch.chunks)
             if commands is not None:
                 sampling = [c for c in command.batch.chunks if c.sample]
-                commands.send(StepDone(sample(logits, sampling) if sampling else []))
+                tokens = sample(logits, sampling) if sampling else []
+                commands.send(
+                    StepDone(
+                        tokens,
+                        rank0_seconds=time.perf_counter() - started,
+                        collective_seconds=shard.model.collective_seconds,
+                    )
+                )
 
 
 def _next_command(commands: Connection | None) -> Command:

@@ -11,6 +11,7 @@ the whole row has on one device).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -46,26 +47,33 @@ class ShardedLlamaModel(LlamaModel):
         self.plan = plan
         self.group = group
         self.fuse_one_token_steps = False
+        # Seconds spent in collectives since last reset, waiting for slower ranks
+        # included: what a step costs beyond its share of the arithmetic.
+        self.collective_seconds = 0.0
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.plan.vocab_start
         outside = (local < 0) | (local >= self.plan.vocab_per_rank)
         rows = F.embedding(local.clamp(0, self.plan.vocab_per_rank - 1), self.embed)
         rows.masked_fill_(outside[:, None], 0)
-        dist.all_reduce(rows, group=self.group)
-        return rows
+        return self.reduce(rows)
 
     def output_logits(self, normed: torch.Tensor) -> torch.Tensor:
         local = self.lm_head(normed).to(torch.float32).contiguous()
+        start = time.perf_counter()
         if self.plan.rank != 0:
             dist.gather(local, None, dst=0, group=self.group)
+            self.collective_seconds += time.perf_counter() - start
             return local
         slices = [torch.empty_like(local) for _ in range(self.plan.world_size)]
         dist.gather(local, slices, dst=0, group=self.group)
+        self.collective_seconds += time.perf_counter() - start
         return torch.cat(slices, dim=1)[:, : self.plan.vocab_size]
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
         dist.all_reduce(partial, group=self.group)
+        self.collective_seconds += time.perf_counter() - start
         return partial
 
 
