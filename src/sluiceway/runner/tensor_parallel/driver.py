@@ -36,11 +36,15 @@ from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
 
 log = logging.getLogger(__name__)
 
-# What the fork server imports once for every rank: the rank's code, and what loading
-# a Llama-family checkpoint imports (a module that is missing is skipped).
+# What the fork server imports once for every rank: the heavy libraries a rank and
+# the loading of a Llama-family checkpoint use (a module that is missing is
+# skipped). Not sluiceway itself: Python 3.11's fork server imports these before
+# it takes this process's sys.path, so it could find another copy of sluiceway
+# than this process runs; a rank imports sluiceway once it has that path.
 _PRELOAD = [
-    "sluiceway.runner.tensor_parallel.rank",
-    "sluiceway.runner.loading",
+    "torch",
+    "torch.distributed",
+    "transformers.modeling_rope_utils",
     "transformers.models.llama.modeling_llama",
 ]
 # How long ranks get to exit after a shutdown before they are killed.
