@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.runner.attention import AttentionBackend, TorchAttention
-from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
+from sluiceway.runner.kv_cache import KVCache
 from sluiceway.runner.model import LlamaModel
-from sluiceway.runner.model_runner import build_inputs
+from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan
 
 
@@ -103,28 +103,20 @@ class ShardRunner:
         self.model = ShardedLlamaModel(
             hf_config, state_dict, plan, dtype=dtype, device=device, group=group
         )
-        shape = self.model.shape
-        if num_blocks is None:
-            if kv_cache_bytes is None:
-                raise ValueError("give num_blocks or kv_cache_bytes")
-            per_block = kv_cache_bytes_per_block(
-                num_layers=shape.num_layers,
-                block_size=block_size,
-                num_kv_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim,
-                dtype=dtype,
-            )
-            num_blocks = num_blocks_for_budget(kv_cache_bytes, per_block)
-        agreed = torch.tensor([num_blocks], dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=cpu_group)
-        self.kv_cache = KVCache.allocate(
-            num_layers=shape.num_layers,
-            num_blocks=int(agreed.item()),
-            block_size=block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
+
+        def smallest_over_ranks(count: int) -> int:
+            agreed = torch.tensor([count], dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=cpu_group)
+            return int(agreed.item())
+
+        self.kv_cache = allocate_kv_cache(
+            self.model.shape,
             dtype=dtype,
             device=device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_bytes=kv_cache_bytes,
+            agree=smallest_over_ranks,
         )
         self.attention: AttentionBackend = (attention or TorchAttention)(self.kv_cache)
 
