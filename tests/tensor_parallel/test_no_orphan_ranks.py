@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,33 +15,26 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from tp_helpers import alive, descendants, tiny_llama
+from tp_helpers import alive, descendants
 
 from server_helpers import eventually
 
 _URL = re.compile(r"serving .* at (http://[\d.]+:\d+)")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tokenizer, tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama over the default tokenizer, as a Hugging Face model directory."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_llama(kv_heads=2, vocab=len(tokenizer)).save_pretrained(path)
-    for item in tokenizer_dir.iterdir():
-        shutil.copy(item, path / item.name)
-    return path
-
-
-def _serve(model_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """Start the server in its own process group, as a shell starts a foreground
-    job (so a Ctrl-C reaches the ranks too); return once /health answers 200."""
+def serve(model_dir: Path, log: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `sluiceway serve -tp 2` in its own process group, as a shell starts a
+    foreground job (so a Ctrl-C reaches the ranks too); return it and its URL once
+    /health answers 200."""
     argv = [sys.executable, "-m", "sluiceway.cli", "serve", "--port", "0", "--model", str(model_dir)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [*argv, "--tensor-parallel-size", "2", "--num-kv-blocks", "256"],
+            [*argv, "--tensor-parallel-size", "2", "--num-kv-blocks", "256",
+             "--served-model-name", "test-model"],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # across a process boundary: poll, bounded
@@ -50,7 +42,7 @@ def _serve(model_dir: Path, log: Path) -> subprocess.Popen[bytes]:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
         match = _URL.search(log.read_text(errors="replace"))
         if match and httpx.get(match.group(1) + "/health", timeout=5).status_code == 200:
-            return proc
+            return proc, match.group(1)
         time.sleep(0.1)
     proc.kill()
     proc.wait()
@@ -60,7 +52,7 @@ def _serve(model_dir: Path, log: Path) -> subprocess.Popen[bytes]:
 @pytest.mark.parametrize("how", ["sigterm", "sigint-to-group", "sigkill"])
 async def test_no_rank_outlives_the_server(model_dir: Path, tmp_path: Path, how: str) -> None:
     log = tmp_path / "server.log"
-    proc = await trio.to_thread.run_sync(_serve, model_dir, log)
+    proc, _ = await trio.to_thread.run_sync(serve, model_dir, log)
     try:
         # The two ranks, the fork server they came from and multiprocessing's
         # resource tracker: none may be left.

@@ -90,7 +90,7 @@ def run_rank(spec: RankSpec, rank: int, *, local_rank: int, commands: Connection
             commands.send(Ready(num_blocks=shard.num_blocks, block_size=spec.block_size))
         _serve(shard, rank, commands, cpu_group)
     except BaseException as exc:
-        reason = (str(exc).strip().splitlines() or [""])[0]
+        reason = _first_line(exc)
         log.exception("tensor-parallel rank %d failed", rank)
         if commands is not None:
             try:
@@ -138,7 +138,16 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
     while True:
         local: Command | None = _next_command(commands) if rank == 0 else None
         relayed: list[Command | None] = [_for_other_ranks(local)]
-        dist.broadcast_object_list(relayed, src=0, group=cpu_group)
+        try:
+            dist.broadcast_object_list(relayed, src=0, group=cpu_group)
+        except RuntimeError as exc:
+            if rank == 0:
+                raise
+            # Waiting for the next command, not inside a step: rank 0 is gone,
+            # which is how a rank on another machine learns that the server stopped.
+            log.warning("rank %d: rank 0 went away (%s); exiting", rank, _first_line(exc))
+            sys.stderr.flush()
+            os._exit(1)
         command = local if rank == 0 else relayed[0]
         if isinstance(command, Shutdown):
             return
@@ -158,6 +167,10 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
                         collective_seconds=shard.model.collective_seconds,
                     )
                 )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def _next_command(commands: Connection | None) -> Command:
