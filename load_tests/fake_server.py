@@ -22,6 +22,7 @@ from sluiceway.api.serve import serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.batch import SampledToken, StepBatch
 from sluiceway.engine.engine import Engine
+from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 WORDS = (" the", " river", " flows", " under", " a", " quiet", " bridge", " and", " on")
 
@@ -67,6 +68,7 @@ def main() -> int:
     p.add_argument("--drain-grace", type=float, default=30.0)
     p.add_argument("--keep-alive-timeout", type=float, default=5.0)
     p.add_argument("--send-stall-timeout", type=float, default=30.0)
+    p.add_argument("--kv-events-config", default=None, help="as `sluiceway serve` takes it (JSON)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from transformers import AutoTokenizer
@@ -88,6 +90,7 @@ def main() -> int:
         drain_grace_seconds=args.drain_grace,
         keep_alive_timeout=args.keep_alive_timeout,
         send_stall_timeout=args.send_stall_timeout,
+        kv_events=KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else None,
     )
 
     async def run() -> None:

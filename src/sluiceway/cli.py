@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
+from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 DEFAULT_STEP_TIMEOUT = 300.0
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
@@ -50,6 +51,13 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return value
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return KVEventsConfig.from_json(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -199,6 +207,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--send-stall-timeout", type=_positive_float, default=30.0, help="seconds a client may take none of the bytes sent to it before its request is aborted and its connection reset")
     g.add_argument("--max-connections", type=_positive_int, default=None, help="open connections at most; more are refused with 503 (default: the file descriptor limit less a reserve)")
     g.add_argument("--access-log", nargs="?", const="logfmt", default=None, choices=["logfmt", "json"], help="one line per request on stderr, in logfmt (the default style) or JSON")
+    g.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON", help="publish KV-cache events for routers, as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' (docs/fleet.md)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -219,6 +228,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         send_stall_timeout=args.send_stall_timeout,
         max_connections=args.max_connections,
         access_log=args.access_log,
+        kv_events=args.kv_events_config,
     )
     try:
         engine = engine_config(args)

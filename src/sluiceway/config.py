@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
+
+if TYPE_CHECKING:
+    from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
@@ -120,3 +123,5 @@ class ServerConfig:
     access_log: AccessLogStyle | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("logfmt", "json")))
     )
+    # Publish the KV cache's block lifecycle for routers (`--kv-events-config`); None: off.
+    kv_events: KVEventsConfig | None = None

@@ -14,6 +14,12 @@ from .conftest import MODEL
 C, X = "/v1/chat/completions", "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
 INVALID = "invalid_request_error"
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
 
 # (path, body, status, error type, param: the JSON path of the offending value)
 TABLE: list[tuple[str, Any, int, str, str | None]] = [
@@ -76,7 +82,83 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
         INVALID,
         "stream_options.include_usage",
     ),
-    (C, {"messages": MSG, "tools": [{"type": "function"}]}, 400, INVALID, "tools"),
+    (C, {"messages": MSG, "tools": [{"type": "function"}]}, 400, INVALID, "tools[0].function"),
+    (C, {"messages": MSG, "tools": [TOOL, TOOL]}, 400, INVALID, "tools[1].function.name"),
+    (
+        C,
+        {"messages": MSG, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+        400,
+        INVALID,
+        "tools[0].function.name",
+    ),
+    (C, {"messages": MSG, "tools": [TOOL], "tool_choice": "sometimes"}, 400, INVALID, "tool_choice"),
+    (
+        C,
+        {"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        400,
+        INVALID,
+        "tool_choice.function.name",
+    ),
+    (C, {"messages": MSG, "tool_choice": "required"}, 400, INVALID, "tool_choice"),
+    (
+        C,
+        {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frobnicate"}}}]},
+        400,
+        INVALID,
+        "tools",
+    ),
+    (C, {"messages": MSG, "response_format": {"type": "xml"}}, 400, INVALID, "response_format.type"),
+    (
+        C,
+        {"messages": MSG, "response_format": {"type": "json_schema"}},
+        400,
+        INVALID,
+        "response_format.json_schema",
+    ),
+    (
+        C,
+        {"messages": MSG, "response_format": schema_format({"type": "string", "pattern": "(?<=a)b"})},
+        400,
+        INVALID,
+        "response_format.json_schema.schema",
+    ),
+    (
+        C,
+        {"messages": MSG, "response_format": schema_format({"type": "string", "format": "telepathy"})},
+        400,
+        INVALID,
+        "response_format.json_schema.schema",
+    ),
+    (
+        C,
+        {"messages": MSG, "structured_outputs": {"regex": "a+", "choice": ["a"]}},
+        400,
+        INVALID,
+        "structured_outputs",
+    ),
+    (C, {"messages": MSG, "structured_outputs": {"regex": "[a-"}}, 400, INVALID, "structured_outputs.regex"),
+    (C, {"messages": MSG, "structured_outputs": {"choice": []}}, 400, INVALID, "structured_outputs.choice"),
+    (
+        C,
+        {"messages": MSG, "structured_outputs": {"grammar": "start: undefined_rule"}},
+        400,
+        INVALID,
+        "structured_outputs.grammar",
+    ),
+    (
+        C,
+        {"messages": MSG, "structured_outputs": {"json": "{not json"}},
+        400,
+        INVALID,
+        "structured_outputs.json",
+    ),
+    (
+        C,
+        {"messages": MSG, "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+        400,
+        INVALID,
+        "structured_outputs",
+    ),
     (C, {"messages": MSG, "max_tokens": 5000}, 400, INVALID, "max_tokens"),
     (C, {"messages": [{"role": "user", "content": "word " * 3000}]}, 400, INVALID, "messages"),
     (C, {"messages": MSG, "model": "gpt-17"}, 404, INVALID, "model"),
@@ -92,6 +174,9 @@ TABLE: list[tuple[str, Any, int, str, str | None]] = [
     (X, {"prompt": "hi", "max_tokens": -5}, 400, INVALID, "max_tokens"),
     (X, {"prompt": "", "max_tokens": 5}, 400, INVALID, "prompt"),
     (X, {"prompt": "hi", "model": "nope"}, 404, INVALID, "model"),
+    (X, {"prompt": "hi", "suffix": "end"}, 400, INVALID, "suffix"),
+    (X, {"prompt": "hi", "best_of": 3}, 400, INVALID, "best_of"),
+    (X, {"prompt": "hi", "structured_outputs": {"regex": "(?=a)"}}, 400, INVALID, "structured_outputs.regex"),
     ("/tokenize", {"tokens": 1}, 400, INVALID, "prompt"),
     ("/detokenize", {"tokens": ["a"]}, 400, INVALID, "tokens[0]"),
     ("/detokenize", {"tokens": [-4]}, 400, INVALID, "tokens[0]"),

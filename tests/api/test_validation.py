@@ -119,7 +119,12 @@ KEYS = st.sampled_from(
         "ignore_eos",
         "model",
         "tools",
+        "tool_choice",
+        "parallel_tool_calls",
         "response_format",
+        "structured_outputs",
+        "suffix",
+        "best_of",
     ]
 )
 

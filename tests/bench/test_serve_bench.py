@@ -351,3 +351,24 @@ async def test_engine_rate_is_total_tokens_over_total_time(
     finally:
         baseline.close()
     assert threads == {"baseline-test"}
+
+
+def test_mask_time_per_token_from_two_metric_readings() -> None:
+    from sluiceway.bench.serve_load import mask_us_per_token, response_format
+
+    before = {
+        "sluiceway_grammar_mask_rows_total": 100.0,
+        "sluiceway_grammar_mask_fill_seconds_total": 0.001,
+        "sluiceway_grammar_mask_wait_seconds_total": 0.0,
+    }
+    after = {
+        "sluiceway_grammar_mask_rows_total": 1100.0,
+        "sluiceway_grammar_mask_fill_seconds_total": 0.021,
+        "sluiceway_grammar_mask_wait_seconds_total": 0.002,
+    }
+    fill, wait = mask_us_per_token(before, after) or (None, None)
+    assert fill == pytest.approx(20.0) and wait == pytest.approx(2.0)
+    assert mask_us_per_token(before, before) is None  # no masked tokens: nothing to say
+    assert mask_us_per_token(None, after) is None  # a server without the counters
+    assert response_format("text") is None
+    assert response_format("json_schema")["json_schema"]["schema"]["minItems"] == 50

@@ -287,3 +287,43 @@ async def test_run_many_fail_fast_raises_the_first_error(live: AsyncClient) -> N
     ]
     with trio.fail_after(20), pytest.raises(BadRequestError):
         await live.run_many(requests, max_concurrency=1, fail_fast=True)
+
+
+async def test_tool_calls_and_json_outputs_decode_into_the_shared_types(
+    tokenizer: Any, serve_runner: Callable[..., Any]
+) -> None:
+    from grammar_runner import MaskFollowingRunner
+
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"key": {"enum": ["a", "b"]}}, "required": ["key"]},
+        },
+    }
+    async with serve_runner(MaskFollowingRunner(tokenizer), model_name=MODEL) as server:
+        async with AsyncClient(server.url, timeout=60, max_retries=0) as client:
+            answer = await client.chat.completions.create(
+                messages=[{"role": "user", "content": "look it up"}],
+                tools=[tool],
+                tool_choice="required",
+                max_tokens=100,
+            )
+            call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+            assert answer.choices[0].finish_reason == "tool_calls"
+            assert call.function.name == "lookup" and call.function.arguments in (
+                '{"key": "a"}',
+                '{"key": "b"}',
+            )
+            pieces = []
+            async with await client.chat.completions.create(
+                messages=[{"role": "user", "content": "look it up"}],
+                tools=[tool],
+                tool_choice="required",
+                max_tokens=100,
+                stream=True,
+            ) as stream:
+                async for chunk in stream:
+                    for choice in chunk.choices:
+                        pieces.extend(choice.delta.tool_calls or [])
+            assert pieces[0].function is not None and pieces[0].function.name == "lookup"

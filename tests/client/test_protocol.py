@@ -120,7 +120,7 @@ def test_to_dict_writes_openai_key_order_and_omits_extensions_while_none() -> No
     chunk = p.ChatCompletionChunk("c", "m", [p.ChatCompletionChunkChoice(0)], usage_null=True)
     assert json.dumps(chunk.to_dict()) == (
         '{"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", '
-        '"system_fingerprint": null, "choices": [{"index": 0, "delta": {"content": null}, '
+        '"system_fingerprint": null, "choices": [{"index": 0, "delta": {}, '
         '"logprobs": null, "finish_reason": null}], "usage": null}'
     )
     assert "usage" not in p.ChatCompletionChunk("c", "m", []).to_dict()

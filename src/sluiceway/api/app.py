@@ -19,6 +19,7 @@ from sluiceway.api import access_log, errors, sse
 from sluiceway.api.connection import SluicewayHTTPConnection
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
+from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
 from sluiceway.api.routes_misc import blueprint as misc_blueprint
 from sluiceway.api.state import ServerState
@@ -171,7 +172,7 @@ def create_app(
         engine=engine,
         server_config=server_config,
         model_name=model_name,
-        metrics=Metrics(engine.stats),
+        metrics=Metrics(engine.stats, model_name),
         token_text=TokenText(engine.tokenizer),
         created=int(time.time()),
         model_vocab_size=model_vocab_size,
@@ -179,6 +180,7 @@ def create_app(
     app.config["SLUICEWAY_STATE"] = state
     app.register_blueprint(generation_blueprint)
     app.register_blueprint(misc_blueprint)
+    app.register_blueprint(fleet_blueprint)
     _install_hooks(app, server_config)
     return app
 

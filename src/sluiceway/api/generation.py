@@ -20,6 +20,7 @@ import trio
 from sluiceway.api.errors import APIError, invalid_request, queue_full
 from sluiceway.api.prompts import Prompt
 from sluiceway.api.state import ServerState
+from sluiceway.api.tool_calls import ToolCallParser
 from sluiceway.engine.errors import EngineUnhealthyError, PromptTooLongError, QueueFullError
 from sluiceway.engine.outputs import ChoiceDelta, TokenLogprob
 from sluiceway.engine.sampling_params import SamplingParams
@@ -45,6 +46,7 @@ class ChoiceState:
     first_token_at: float | None = None
     last_token_at: float | None = None
     text_offset: int = 0  # characters of output sent so far (completions logprobs)
+    tool_parser: ToolCallParser | None = None  # when the chat shape parses tool calls
 
     @property
     def text(self) -> str:

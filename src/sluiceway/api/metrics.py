@@ -85,6 +85,21 @@ class _EngineCollector(Collector):
                 "Sequences preempted for lack of KV blocks.",
                 s.num_preemptions_total,
             ),
+            (
+                "sluiceway_grammar_mask_rows",
+                "Next-token masks filled for constrained choices (one per token).",
+                s.grammar_mask_rows_total,
+            ),
+            (
+                "sluiceway_grammar_mask_fill_seconds",
+                "Time spent filling next-token masks, beside the model step.",
+                s.grammar_mask_fill_seconds_total,
+            ),
+            (
+                "sluiceway_grammar_mask_wait_seconds",
+                "Time steps waited for their masks after the model had run.",
+                s.grammar_mask_wait_seconds_total,
+            ),
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)
@@ -117,19 +132,29 @@ class LatencyHistogram(Collector):
         self._sum += seconds * times
 
     def collect(self) -> Iterator[Metric]:
+        yield self.family(self._name, self._documentation)
+
+    def family(
+        self, name: str, documentation: str, labels: dict[str, str] | None = None
+    ) -> HistogramMetricFamily:
+        """The histogram's counts as one family under `name`, with constant `labels`
+        (so the same observations can be exposed under a second name)."""
+        labels = labels or {}
         cumulative = list(itertools.accumulate(self._counts))
         buckets = [(floatToGoString(b), c) for b, c in zip(self._bounds, cumulative, strict=False)]
         buckets.append(("+Inf", cumulative[-1]))
-        family = HistogramMetricFamily(self._name, self._documentation)
-        family.add_metric([], buckets, self._sum)
-        yield family
+        family = HistogramMetricFamily(name, documentation, labels=list(labels))
+        family.add_metric(list(labels.values()), buckets, self._sum)
+        return family
 
 
 class Metrics:
     """All of one server's metrics. Recording is cheap (no I/O; a latency observation
     is one `bisect`, with no lock) and happens on the event loop's thread only."""
 
-    def __init__(self, stats: Callable[[], Any]) -> None:
+    def __init__(self, stats: Callable[[], Any], model_name: str | None = None) -> None:
+        """With `model_name`, the vLLM-named metrics routers and autoscalers read are
+        exposed too (`vllm_metrics`), labelled with it."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(stats))
         self.finished = Counter(
@@ -158,6 +183,10 @@ class Metrics:
             _LATENCY_BUCKETS,
             self.registry,
         )
+        if model_name is not None:
+            from sluiceway.api.vllm_metrics import VllmCollector
+
+            self.registry.register(VllmCollector(stats, model_name, self.ttft, self.e2e))
 
     def record_finish(self, reason: str) -> None:
         self.finished.labels(reason if reason in FINISH_REASONS else "error").inc()

@@ -18,6 +18,7 @@ import trio
 
 from sluiceway.api.errors import APIError, invalid_request
 from sluiceway.api.state import ServerState
+from sluiceway.api.tool_prompt import fallback_messages, template_knows_tools
 from sluiceway.api.wire import decode
 
 T = TypeVar("T")
@@ -114,11 +115,20 @@ def text_prompt(tokenizer: Any, text: str, add_special_tokens: bool) -> list[Pro
 
 
 def _render_chat(
-    tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: Sequence[dict[str, Any]] = (),
 ) -> str:
+    options: dict[str, Any] = {}
+    if template_knows_tools(tokenizer):
+        if tools:
+            options["tools"] = list(tools)
+    else:
+        messages = fallback_messages(messages, tools)
     try:
         text = tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **options
         )
     except Exception as exc:  # jinja's TemplateError, or no template at all (ValueError)
         raise invalid_request(
@@ -131,16 +141,17 @@ def _render_chat(
 
 def chat_prompts(
     tokenizer: Any,
-    conversations: Sequence[Sequence[dict[str, str]]],
+    conversations: Sequence[Sequence[dict[str, Any]]],
     add_generation_prompt: bool,
+    tools: Sequence[dict[str, Any]] = (),
 ) -> list[Prompt]:
-    """Render each conversation with the model's chat template and tokenize it.
-    Stops at a cancellation before each render and each tokenization (see
-    `prepare`); a template that rejects the messages is a 400."""
+    """Render each conversation with the model's chat template (with `tools`, see
+    `tool_prompt`) and tokenize it. Stops at a cancellation before each render and
+    each tokenization (see `prepare`); a template that rejects the messages is a 400."""
     out = []
     for conv in conversations:
         check_cancelled()
-        text = _render_chat(tokenizer, conv, add_generation_prompt)
+        text = _render_chat(tokenizer, conv, add_generation_prompt, tools)
         check_cancelled()
         # The template already wrote any BOS/special tokens it wants.
         out.append(Prompt(_encode(tokenizer, text, False), text))

@@ -8,6 +8,7 @@ import attrs
 
 from sluiceway import protocol
 from sluiceway.api import formatting as fmt
+from sluiceway.api import tool_calls
 from sluiceway.api.generation import ChoiceState, RequestRun
 from sluiceway.api.validation import ChatRequest, CompletionRequest
 from sluiceway.engine.outputs import ChoiceDelta
@@ -26,6 +27,11 @@ class ChatShape:
             return None
         return fmt.chat_logprobs(choice_logprobs, self.token_text, self.request.top_logprobs)
 
+    @property
+    def parses_tool_calls(self) -> bool:
+        use = self.request.tool_use
+        return use is not None and use.parse_calls
+
     def open_choice(self, choice: ChoiceState) -> dict[str, Any] | None:
         """The first chunk of every choice carries the role, as OpenAI sends it."""
         return fmt.chat_chunk_choice(choice.index, {"role": "assistant", "content": ""})
@@ -34,7 +40,8 @@ class ChatShape:
         """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
         delta.text)`; None otherwise. Changes nothing (see CompletionShape's)."""
         if (
-            delta.text
+            not self.parses_tool_calls
+            and delta.text
             and delta.finish_reason is None
             and not (self.request.logprobs and delta.logprobs)
         ):
@@ -45,20 +52,47 @@ class ChatShape:
         return fmt.chat_chunk_choice(index, {"content": text})
 
     def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
-        content = {"content": delta.text} if delta.text else {}
+        finish: str | None = delta.finish_reason
+        if self.parses_tool_calls:
+            body, finish = self._tool_delta(choice, delta)
+        else:
+            body = {"content": delta.text} if delta.text else {}
         logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
-        if not content and logprobs is None and delta.finish_reason is None:
+        if not body and logprobs is None and finish is None:
             return None
-        return fmt.chat_chunk_choice(
-            choice.index, content, delta.finish_reason, logprobs, delta.stop_reason
-        )
+        return fmt.chat_chunk_choice(choice.index, body, finish, logprobs, delta.stop_reason)
+
+    @staticmethod
+    def _tool_delta(choice: ChoiceState, delta: ChoiceDelta) -> tuple[dict[str, Any], str | None]:
+        """The delta's content and tool-call pieces, and its finish reason: a choice
+        that stopped after making calls finishes with "tool_calls"."""
+        parser = choice.tool_parser
+        if parser is None:
+            parser = choice.tool_parser = tool_calls.ToolCallParser()
+        content, calls = parser.feed(delta.text)
+        finish: str | None = delta.finish_reason
+        if finish is not None:
+            content += parser.finish()
+            if finish == "stop" and parser.calls:
+                finish = "tool_calls"
+        body: dict[str, Any] = {"content": content} if content else {}
+        if calls:
+            body["tool_calls"] = [call.to_dict() for call in calls]
+        return body, finish
 
     def final_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChoice:
         logprobs = self._logprobs(choice.logprobs)
+        content: str | None = choice.text
+        calls: list[protocol.ToolCall] = []
+        finish: str | None = choice.finish_reason
+        if self.parses_tool_calls:
+            content, calls = tool_calls.parse(choice.text)
+            if calls and finish == "stop":
+                finish = "tool_calls"
         return protocol.ChatCompletionChoice(
             index=choice.index,
-            message=protocol.ChatMessage("assistant", choice.text),
-            finish_reason=choice.finish_reason,
+            message=protocol.ChatMessage("assistant", content, calls or None),
+            finish_reason=finish,
             logprobs=None if logprobs is None else protocol.ChatLogprobs(logprobs),
             stop_reason=choice.stop_reason,
         )

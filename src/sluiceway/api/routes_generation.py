@@ -14,13 +14,15 @@ import logging
 import time
 import uuid
 from contextlib import AsyncExitStack
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
+import attrs
 import trio
 from quart import Blueprint, Response, current_app, request
 
 from sluiceway import protocol
-from sluiceway.api import access_log, errors, prompts, sse
+from sluiceway.api import access_log, errors, prompts, sse, structured
 from sluiceway.api import formatting as fmt
 from sluiceway.api.chunk_socket import ChunkSocket
 from sluiceway.api.connection import connection_nursery, connection_send
@@ -40,6 +42,7 @@ from sluiceway.api.validation import (
 from sluiceway.engine.outputs import ChoiceDelta
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=CommonRequest)
 blueprint = Blueprint("generation", __name__)
 
 
@@ -52,6 +55,33 @@ def _check_model(state: ServerState, model: str | None) -> None:
         raise errors.model_not_found(model)
 
 
+def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, list[Prompt]]:
+    """A chat body validated, its conversations rendered and tokenized (run by
+    `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
+    req = chat_request(
+        prompts.parse_body(data, protocol.ChatCompletionRequest),
+        state.vocab_size,
+        max_choices=state.server_config.max_choices_per_request,
+        max_messages=state.engine.max_model_len,
+    )
+    _check_model(state, req.model)
+    tok = state.tokenizer
+    tools = req.tool_use.tools if req.tool_use is not None else ()
+    return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
+
+
+def completion_prompts(state: ServerState, data: bytes | str) -> tuple[CompletionRequest, list[Prompt]]:
+    """A completions body validated and its prompts tokenized (run by
+    `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
+    req = completion_request(
+        prompts.parse_body(data, protocol.CompletionRequest),
+        state.vocab_size,
+        max_choices=state.server_config.max_choices_per_request,
+    )
+    _check_model(state, req.model)
+    return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
+
+
 @blueprint.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     state = _state()
@@ -59,19 +89,9 @@ async def chat_completions() -> Response:
     state.check_accepting()
     data = await request.get_data(cache=False)
 
-    def prepare() -> tuple[ChatRequest, list[Prompt]]:
-        req = chat_request(
-            prompts.parse_body(data, protocol.ChatCompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-            max_messages=state.engine.max_model_len,
-        )
-        _check_model(state, req.model)
-        tok = state.tokenizer
-        return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt)
-
-    req, ready = await prompts.prepare(state, len(data), prepare)
+    req, ready = await prompts.prepare(state, len(data), partial(chat_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
+    req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, ChatShape(req, state.token_text), "messages")
 
@@ -83,19 +103,20 @@ async def completions() -> Response:
     state.check_accepting()
     data = await request.get_data(cache=False)
 
-    def prepare() -> tuple[CompletionRequest, list[Prompt]]:
-        req = completion_request(
-            prompts.parse_body(data, protocol.CompletionRequest),
-            state.vocab_size,
-            max_choices=state.server_config.max_choices_per_request,
-        )
-        _check_model(state, req.model)
-        return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
-
-    req, ready = await prompts.prepare(state, len(data), prepare)
+    req, ready = await prompts.prepare(state, len(data), partial(completion_prompts, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
+    req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, CompletionShape(req, state.token_text), "prompt")
+
+
+async def _with_grammar(state: ServerState, req: R) -> R:
+    """`req` with its grammar compiled into its sampling params (see `structured`)."""
+    if req.grammar is None:
+        return req
+    param = req.grammar_param or "response_format"
+    compiled = await structured.compile_grammar(state.grammar_compiler, req.grammar, param)
+    return attrs.evolve(req, params=attrs.evolve(req.params, grammar=compiled))
 
 
 async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:

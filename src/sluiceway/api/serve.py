@@ -24,6 +24,7 @@ from sluiceway.api.app import SluicewayApp, create_app
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
 from sluiceway.engine.engine import Engine
+from sluiceway.fleet.kv_events_serving import publishing_kv_events
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,10 @@ async def serve_async(
         log.info("hypercorn's own TCP send in use (the immediate send does not apply here)")
     stop, hypercorn_stop = trio.Event(), trio.Event()
     config = hypercorn_config(server_config)
-    async with trio.open_nursery() as engine_nursery:
+    async with (
+        publishing_kv_events(engine, state, server_config.kv_events),
+        trio.open_nursery() as engine_nursery,
+    ):
         await engine_nursery.start(engine.run)
         async with trio.open_nursery() as http:
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,8 @@ from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
+from sluiceway.fleet.kv_events_config import KVEventSource
+from sluiceway.grammar.compiler import GrammarCompiler
 
 
 @attrs.define(eq=False)
@@ -30,6 +33,10 @@ class ServerState:
     created: int
     # The model's embedding rows, when known: token ids past them would crash a step.
     model_vocab_size: int | None = None
+    # Where this replica publishes KV-cache events (None: it does not), and an id
+    # unique to this process, by which routers tell replicas' caches apart.
+    kv_event_source: KVEventSource | None = None
+    instance_id: str = attrs.field(factory=lambda: uuid.uuid4().hex)
     draining: bool = False
     active: int = 0
     _drain_scopes: set[trio.CancelScope] = attrs.field(factory=set)
@@ -43,6 +50,15 @@ class ServerState:
     # truncation or padding only reads the tokenizer, so the two may run together
     # (the engine's detokenizer already reads it from the model thread).
     heavy_input_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
+    _grammar_compiler: GrammarCompiler | None = None
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles and caches the grammars of structured outputs and tool calls; it
+        reads the tokenizer's vocabulary on its first compile (off the event loop)."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.engine.eos_token_ids)
+        return self._grammar_compiler
 
     @property
     def tokenizer(self) -> Any:

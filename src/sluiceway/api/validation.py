@@ -17,8 +17,10 @@ import attrs
 
 from sluiceway import protocol
 from sluiceway.api.errors import APIError, invalid_request
+from sluiceway.api.structured import ToolUse, chat_constraint, output_constraint
 from sluiceway.api.wire import decode, parse_json
 from sluiceway.engine.sampling_params import InvalidParameterError, SamplingParams
+from sluiceway.grammar.spec import GrammarSpec
 from sluiceway.protocol.constraints import MAX_PROMPTS, as_int
 from sluiceway.protocol.requests import Messages
 
@@ -27,18 +29,22 @@ from sluiceway.protocol.requests import Messages
 MAX_CHOICES = 128
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 
-Conversation = tuple[dict[str, str], ...]
+Conversation = tuple[dict[str, Any], ...]
 
 
 @attrs.frozen(kw_only=True)
 class CommonRequest:
-    """What both generation endpoints run: `n` choices per prompt."""
+    """What both generation endpoints run: `n` choices per prompt. With a
+    `grammar`, the output must match it (`grammar_param` is where the request
+    asked for it); it is compiled into `params.grammar` before the engine runs."""
 
     model: str | None
     n: int
     stream: bool
     stream_options: protocol.StreamOptions
     params: SamplingParams
+    grammar: GrammarSpec | None = None
+    grammar_param: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -62,6 +68,7 @@ class ChatRequest(CommonRequest):
     logprobs: bool
     top_logprobs: int
     add_generation_prompt: bool
+    tool_use: ToolUse | None = None
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
@@ -176,8 +183,23 @@ def completion_request(
     echo = bool(wire.echo)
     if echo and logprobs is not None:
         raise invalid_request("'echo' together with 'logprobs' is not supported.", "echo")
+    if wire.suffix:
+        raise invalid_request("'suffix' (insertion) is not supported by this server.", "suffix")
+    if wire.best_of is not None and wire.best_of != common["n"]:
+        raise invalid_request(
+            "'best_of' other than 'n' is not supported by this server; ask for 'n' choices.",
+            "best_of",
+        )
+    grammar, grammar_param = output_constraint(wire)
     params = _sampling_params(wire, vocab_size, max_tokens, logprobs)
-    return CompletionRequest(**common, params=params, prompts=prompts, echo=echo)
+    return CompletionRequest(
+        **common,
+        params=params,
+        prompts=prompts,
+        echo=echo,
+        grammar=grammar,
+        grammar_param=grammar_param,
+    )
 
 
 def check_conversation(
@@ -247,8 +269,7 @@ def chat_request(
     each other, when conversations x n exceeds `max_choices`, or when a
     conversation holds more than `max_messages` messages."""
     convs, batched = conversations(wire.messages, max_messages)
-    if wire.tools:
-        raise invalid_request("Tool calling is not supported by this server.", "tools")
+    grammar, grammar_param, tool_use = chat_constraint(wire)
     common = _common(wire, len(convs), "messages", max_choices)
     max_tokens = as_int(
         wire.max_tokens if wire.max_completion_tokens is None else wire.max_completion_tokens
@@ -266,6 +287,9 @@ def chat_request(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         add_generation_prompt=wire.add_generation_prompt is not False,
+        grammar=grammar,
+        grammar_param=grammar_param,
+        tool_use=tool_use,
     )
 
 

@@ -33,7 +33,10 @@ from sluiceway.bench.serve_load import (
     RequestRecord,
     default_requests,
     first_model,
+    mask_counters,
+    mask_us_per_token,
     random_prompts,
+    response_format,
     root_url,
     run_level,
     timed_request,
@@ -85,6 +88,12 @@ def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-ignore-eos",
         action="store_true",
         help="do not send ignore_eos (servers that reject it)",
+    )
+    w.add_argument(
+        "--response-format",
+        choices=["text", "json_object", "json_schema"],
+        default="text",
+        help="constrain every output: json_schema asks for an array of 50+ records",
     )
     w.add_argument("--prompts", choices=["builtin", "random"], default="builtin", help="prompt set")
     w.add_argument(
@@ -182,6 +191,7 @@ async def run_sweep(
             output_tokens=args.output_tokens,
             ignore_eos=not args.no_ignore_eos,
             request_timeout=args.request_timeout,
+            response_format=response_format(args.response_format),
         )
         prompts = _prompts(args, sum(counts))
         warmup = Connection(origin)
@@ -205,6 +215,7 @@ async def run_sweep(
                         concurrency, prompt_tokens, args.output_tokens, rounds
                     )
                 bar.set_description(f"concurrency {concurrency}")
+                masks_before = await mask_counters(client)
                 run: LevelRun = await run_level(
                     origin,
                     spec,
@@ -216,6 +227,7 @@ async def run_sweep(
                     probe_health=args.health_probe,
                 )
                 report = summarize(run)
+                report.grammar_mask_us = mask_us_per_token(masks_before, await mask_counters(client))
                 if report.prompt_tokens_mean:
                     prompt_tokens = round(report.prompt_tokens_mean)
                 if baseline is not None and before is not None:
@@ -249,6 +261,7 @@ async def run_sweep(
         "output_tokens": args.output_tokens,
         "ignore_eos": not args.no_ignore_eos,
         "prompts": args.prompts,
+        "response_format": args.response_format,
         "concurrency": levels,
         "num_requests": counts,
         "health_probe": args.health_probe,

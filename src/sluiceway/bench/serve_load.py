@@ -61,6 +61,35 @@ def random_prompts(count: int, words: int, range_ratio: float, seed: int) -> lis
 HEALTH_TIMEOUT = 10.0
 
 
+# `--response-format json_schema`: an array of at least 50 records, so every
+# constrained output runs to max_tokens as an unconstrained one with ignore_eos does,
+# and a sweep with it compares with a sweep without it token for token.
+BENCH_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 50,
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0},
+            "name": {"type": "string", "maxLength": 16},
+            "score": {"type": "number", "minimum": 0, "maximum": 100},
+            "tags": {"type": "array", "items": {"enum": ["new", "hot", "old"]}, "maxItems": 3},
+        },
+        "required": ["id", "name", "score", "tags"],
+        "additionalProperties": False,
+    },
+}
+
+
+def response_format(kind: str) -> dict[str, Any] | None:
+    """The `response_format` of `--response-format kind` (None for text)."""
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "records", "schema": BENCH_SCHEMA}}
+    return None
+
+
 @attrs.frozen
 class LoadSpec:
     """What each request asks for."""
@@ -71,6 +100,7 @@ class LoadSpec:
     ignore_eos: bool = True
     temperature: float = 0.0
     request_timeout: float = 600.0
+    response_format: dict[str, Any] | None = None
 
     @property
     def path(self) -> str:
@@ -90,6 +120,8 @@ class LoadSpec:
             body["prompt"] = prompt
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if self.response_format is not None:
+            body["response_format"] = self.response_format
         return body
 
 
@@ -284,6 +316,44 @@ async def _probe_health(
                 await trio.sleep_until(next_at)
     finally:
         await connection.aclose()
+
+
+_MASK_COUNTERS = (
+    "sluiceway_grammar_mask_rows_total",
+    "sluiceway_grammar_mask_fill_seconds_total",
+    "sluiceway_grammar_mask_wait_seconds_total",
+)
+
+
+async def mask_counters(client: httpx.AsyncClient) -> dict[str, float] | None:
+    """The server's grammar-mask counters from /metrics; None where it has none."""
+    try:
+        response = await client.get("/metrics", timeout=HEALTH_TIMEOUT)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    found: dict[str, float] = {}
+    for line in response.text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _MASK_COUNTERS:
+            found[name] = float(value)
+    return found if len(found) == len(_MASK_COUNTERS) else None
+
+
+def mask_us_per_token(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> tuple[float, float] | None:
+    """(fill, wait) microseconds per masked token between two `mask_counters`
+    readings; None without masked tokens."""
+    if before is None or after is None:
+        return None
+    rows = after[_MASK_COUNTERS[0]] - before[_MASK_COUNTERS[0]]
+    if rows <= 0:
+        return None
+    fill = after[_MASK_COUNTERS[1]] - before[_MASK_COUNTERS[1]]
+    wait = after[_MASK_COUNTERS[2]] - before[_MASK_COUNTERS[2]]
+    return fill / rows * 1e6, wait / rows * 1e6
 
 
 async def first_model(client: httpx.AsyncClient) -> str:

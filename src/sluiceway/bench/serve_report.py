@@ -63,6 +63,9 @@ class LevelReport:
     # Rounds of `concurrency` requests sent together, each paired with one engine batch
     # of the same size run right before or after it: (server tok/s, engine tok/s).
     paired_rounds: list[tuple[float, float]] | None = None
+    # Constrained outputs: the server's mask fill time and the part steps waited
+    # for, in microseconds per masked token.
+    grammar_mask_us: tuple[float, float] | None = None
 
     @property
     def engine_fraction(self) -> float | None:
@@ -159,6 +162,9 @@ def format_table(reports: Sequence[LevelReport]) -> str:
     if health:
         head += ["/health p50 ms", "/health p99 ms"]
     head += ["client CPU us/tok"]
+    masks = any(r.grammar_mask_us is not None for r in reports)
+    if masks:
+        head += ["mask fill us/tok", "mask wait us/tok"]
     if engine:
         head += ["engine tok/s", "server/engine"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
@@ -177,6 +183,9 @@ def format_table(reports: Sequence[LevelReport]) -> str:
             cells += [_ms(h.get("p50")), _ms(h.get("p99"))]
         cpu = r.client_cpu_us_per_token
         cells.append("-" if cpu is None else f"{cpu:.0f}")
+        if masks:
+            fill_wait = r.grammar_mask_us
+            cells += ["-", "-"] if fill_wait is None else [f"{v:.1f}" for v in fill_wait]
         if engine:
             frac = r.engine_fraction
             cells += [

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import attrs
 
+from sluiceway.engine.constraint import TokenMasks
 from sluiceway.engine.sampling_params import SamplingParams
 
 
@@ -48,9 +49,15 @@ class ScheduledChunk:
 
 @attrs.frozen
 class StepBatch:
-    """Everything one model step computes; chunks are in scheduling order."""
+    """Everything one model step computes; chunks are in scheduling order.
+
+    `token_masks`, when set, are being filled for the sampled rows whose choices
+    follow a grammar (`TokenMasks.rows` count sampled chunks only): the runner
+    waits for them after its forward pass and allows only their tokens there.
+    """
 
     chunks: tuple[ScheduledChunk, ...]
+    token_masks: TokenMasks | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,14 @@ from collections.abc import Sequence
 
 import attrs
 
+from sluiceway.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventSink,
+    external_hash,
+)
+
 # A block's identity in the prefix cache: the hash of everything before it and
 # its own tokens. Keeping the tokens in the key makes a lookup exact for the block
 # itself; the parent is identified by its hash.
@@ -37,11 +45,17 @@ class BlockManager:
     and unhashed (`_free`), or free but holding a cached prefix (`_evictable`,
     least recently used first). `num_free` counts both free kinds, since a cached
     block can be evicted on demand.
+
+    `event_sink`, when set, receives the prefix cache's lifecycle (see
+    `kv_events`): a `BlockStored` when a block is registered under a new key, a
+    `BlockRemoved` when a cached block is evicted, `AllBlocksCleared` from
+    `reset_prefix_cache`. The root of a chain (parent hash 0) has no parent.
     """
 
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True
+    event_sink: KVEventSink | None = None
     _ref_counts: list[int] = attrs.field(init=False)
     _free: list[int] = attrs.field(init=False)
     _evictable: OrderedDict[int, None] = attrs.field(init=False, factory=OrderedDict)
@@ -74,7 +88,10 @@ class BlockManager:
                 block = self._free.pop()
             else:
                 block, _ = self._evictable.popitem(last=False)
-                del self._block_of_key[self._key_of_block.pop(block)]
+                key = self._key_of_block.pop(block)
+                del self._block_of_key[key]
+                if self.event_sink is not None:
+                    self.event_sink(BlockRemoved((external_hash(chain_hash(key)),)))
             self._ref_counts[block] = 1
             blocks.append(block)
         return blocks
@@ -109,6 +126,29 @@ class BlockManager:
             return
         self._block_of_key[key] = block_id
         self._key_of_block[block_id] = key
+        if self.event_sink is not None:
+            parent, tokens = key
+            self.event_sink(
+                BlockStored(
+                    (external_hash(chain_hash(key)),),
+                    external_hash(parent) if parent else None,
+                    tokens,
+                    self.block_size,
+                )
+            )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, if no block is in use (True), else change
+        nothing (False, as vLLM's reset refuses while requests hold blocks)."""
+        if self.num_used:
+            return False
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        self._key_of_block.clear()
+        self._block_of_key.clear()
+        if self.event_sink is not None:
+            self.event_sink(AllBlocksCleared())
+        return True
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; a block nobody uses becomes free again.

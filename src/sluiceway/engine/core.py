@@ -14,6 +14,7 @@ import attrs
 
 from sluiceway.engine.batch import ModelRunner, SampledToken, ScheduledChunk, StepBatch
 from sluiceway.engine.block_manager import BlockManager
+from sluiceway.engine.constraint import MaskFiller, TokenMasks, TokenMatcher, default_mask_filler
 from sluiceway.engine.detokenizer import Decode, IncrementalDetokenizer
 from sluiceway.engine.errors import PromptTooLongError
 from sluiceway.engine.outputs import ChoiceDelta, FinishReason, TokenLogprob
@@ -33,6 +34,12 @@ class EngineStats:
     num_preemptions_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+    num_constrained_seqs: int = 0
+    grammar_mask_rows_total: int = 0
+    grammar_mask_fill_seconds_total: float = 0.0
+    grammar_mask_wait_seconds_total: float = 0.0
 
 
 class EngineCore:
@@ -51,8 +58,12 @@ class EngineCore:
         eos_token_ids: Iterable[int],
         max_model_len: int,
         enable_prefix_caching: bool = True,
+        mask_filler: MaskFiller | None = None,
     ) -> None:
+        """`mask_filler` fills the next-token masks of constrained choices (default:
+        llguidance's, loaded when a request first has a grammar)."""
         self.runner = runner
+        self._mask_filler = mask_filler
         self._decode = decode
         self.blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
@@ -65,6 +76,11 @@ class EngineCore:
         self._next_seq_id = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Constrained rows masked, the time their masks took to fill beside the
+        # model, and the part of it that steps waited for.
+        self.mask_rows_total = 0
+        self.mask_fill_seconds_total = 0.0
+        self.mask_wait_seconds_total = 0.0
 
     # ---- requests -------------------------------------------------------------
 
@@ -121,7 +137,10 @@ class EngineCore:
         )
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        return Seq(seq_id, request_id, index, params, seed, list(prompt), len(prompt), detokenizer)
+        seq = Seq(seq_id, request_id, index, params, seed, list(prompt), len(prompt), detokenizer)
+        if params.grammar is not None:
+            seq.matcher = params.grammar.new_matcher()
+        return seq
 
     def abort_request(self, request_id: int) -> list[int]:
         """Drop every unfinished choice of a request and free its blocks at once.
@@ -162,6 +181,12 @@ class EngineCore:
             num_preemptions_total=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_queries_total=self.scheduler.prefix_cache_queries,
+            prefix_cache_hits_total=self.scheduler.prefix_cache_hits,
+            num_constrained_seqs=sum(1 for s in self._seqs.values() if s.matcher is not None),
+            grammar_mask_rows_total=self.mask_rows_total,
+            grammar_mask_fill_seconds_total=self.mask_fill_seconds_total,
+            grammar_mask_wait_seconds_total=self.mask_wait_seconds_total,
         )
 
     # ---- the step -------------------------------------------------------------
@@ -179,13 +204,29 @@ class EngineCore:
                 raise RuntimeError("the scheduler could not schedule any work")
             return []
         sampling = [w.seq for w in plan.work if w.completes_sequence]
-        batch = StepBatch(tuple(self._chunk(w) for w in plan.work))
+        batch = StepBatch(tuple(self._chunk(w) for w in plan.work), self._start_masks(sampling))
         samples = self.runner.step(batch)
+        if batch.token_masks is not None:
+            masks = batch.token_masks
+            self.mask_rows_total += len(masks.rows)
+            self.mask_fill_seconds_total += masks.fill_seconds
+            self.mask_wait_seconds_total += masks.wait_seconds
         if len(samples) != len(sampling):
             raise RuntimeError(f"runner returned {len(samples)} samples for {len(sampling)} chunks")
         for w in plan.work:
             w.seq.num_computed_tokens += w.num_tokens
         return [(seq.seq_id, self._accept(seq, sample)) for seq, sample in zip(sampling, samples, strict=True)]
+
+    def _start_masks(self, sampling: list[Seq]) -> TokenMasks | None:
+        """Start filling the masks of the constrained rows, to run beside the model."""
+        rows: list[tuple[int, TokenMatcher]] = [
+            (row, seq.matcher) for row, seq in enumerate(sampling) if seq.matcher is not None
+        ]
+        if not rows:
+            return None
+        if self._mask_filler is None:
+            self._mask_filler = default_mask_filler()
+        return self._mask_filler(rows)
 
     def _chunk(self, work: ScheduledWork) -> ScheduledChunk:
         seq = work.seq
@@ -221,6 +262,7 @@ class EngineCore:
         stop_reason: str | int | None = None
         text = ""
         min_met = seq.num_output_tokens >= params.min_tokens
+        error: str | None = None
         if min_met and not params.ignore_eos and token in self.eos_token_ids:
             finish = "stop"
         elif min_met and token in params.stop_token_ids:
@@ -230,6 +272,8 @@ class EngineCore:
             text = released.text
             if released.stop is not None:
                 finish, stop_reason = "stop", released.stop
+            elif seq.matcher is not None:
+                finish, error = self._advance_matcher(seq.matcher, token)
         if finish is None and (
             (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
             or seq.num_tokens >= self.max_model_len
@@ -252,11 +296,26 @@ class EngineCore:
             text=text,
             finish_reason=finish,
             stop_reason=stop_reason,
+            error=error,
             logprobs=logprobs,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
         )
+
+    @staticmethod
+    def _advance_matcher(
+        matcher: TokenMatcher, token: int
+    ) -> tuple[FinishReason | None, str | None]:
+        """Follow `token` in the grammar: a complete grammar finishes the choice now
+        (nothing but its end could follow). The mask allowed only tokens the grammar
+        accepts, so a refusal means the matcher failed: the choice ends in error
+        rather than return output that does not match."""
+        if not matcher.accept_token(token):
+            return "error", f"the output grammar failed: {matcher.error() or 'token refused'}"
+        if matcher.is_stopped():
+            return "stop", None
+        return None, None
 
     def _finish(self, seq: Seq) -> None:
         self.scheduler.remove(seq)

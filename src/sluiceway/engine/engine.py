@@ -25,6 +25,7 @@ from sluiceway.config import EngineConfig
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
+from sluiceway.engine.kv_events import KVEventSink
 from sluiceway.engine.model_thread import (
     CallingThread,
     ModelThread,
@@ -60,7 +61,12 @@ class _AbortRequest:
     request_id: int
 
 
-_Message = _AddRequest | _AbortRequest
+@attrs.frozen
+class _ResetPrefixCache:
+    reply: trio.MemorySendChannel[bool]
+
+
+_Message = _AddRequest | _AbortRequest | _ResetPrefixCache
 
 
 class Engine:
@@ -129,6 +135,11 @@ class Engine:
         return self._failure is None and not self._closed
 
     @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The tokens that end an output."""
+        return self._core.eos_token_ids
+
+    @property
     def failure(self) -> str | None:
         """Why the loop failed, or None while it is well."""
         return self._failure
@@ -152,6 +163,31 @@ class Engine:
     def close(self) -> None:
         """Stop admitting work (draining); requests already accepted carry on."""
         self._closed = True
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (subscribers to KV events get
+        `AllBlocksCleared`), at the loop's next step boundary. True if done; False,
+        changing nothing, while a request holds KV blocks or when the engine has
+        failed or is draining. Cancelling the wait does not withdraw the reset."""
+        if not self.healthy:
+            return False
+        reply, result = trio.open_memory_channel[bool](1)
+        self._inbox_send.send_nowait(_ResetPrefixCache(reply))
+        with result:
+            try:
+                return await result.receive()
+            except trio.EndOfChannel:  # the loop stopped before it got there
+                return False
+
+    @property
+    def block_size(self) -> int:
+        return self._core.blocks.block_size
+
+    def attach_kv_event_sink(self, sink: KVEventSink | None) -> None:
+        """Report the prefix cache's block lifecycle to `sink` (see `kv_events`), or
+        stop (None). Call before `run`. The sink is called by whichever thread runs
+        the core (the model thread during a step), so it must only hand events on."""
+        self._core.blocks.event_sink = sink
 
     @asynccontextmanager
     async def generate(
@@ -343,6 +379,11 @@ class Engine:
         if isinstance(message, _AbortRequest):
             self._abort(message.request_id)
             return
+        if isinstance(message, _ResetPrefixCache):
+            done = self._core.blocks.reset_prefix_cache()
+            with message.reply, suppress(trio.BrokenResourceError):  # its caller may have left
+                message.reply.send_nowait(done)
+            return
         self._queued_choices -= len(message.senders)
         if message.request_id not in self._live_requests:
             return  # the caller left before the loop saw the request
@@ -428,6 +469,8 @@ class Engine:
                     with suppress(trio.BrokenResourceError):
                         sender.send_nowait(error)  # the caller may have left already
                     sender.close()
+            elif isinstance(message, _ResetPrefixCache):
+                message.reply.close()  # its caller gets False
         self._live_requests.clear()
         self._queued_choices = 0
         self._step_boundary.unpark_all()

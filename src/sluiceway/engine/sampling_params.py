@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from sluiceway.engine.constraint import Grammar
+
 
 class InvalidParameterError(ValueError):
     """A sampling parameter is out of range; `param` names the offending field."""
@@ -60,6 +62,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_as_bias)
     logprobs: int | None = None
+    grammar: Grammar | None = None
 
     def __attrs_post_init__(self) -> None:
         checks: list[tuple[bool, str, str]] = [

@@ -58,6 +58,10 @@ class Scheduler:
     waiting: deque[Sequence] = attrs.field(factory=deque)
     running: list[Sequence] = attrs.field(factory=list)
     num_preemptions: int = 0
+    # Tokens looked up in the prefix cache when a sequence is (re)admitted, and how
+    # many of them were found cached (vLLM's prefix_cache_queries / _hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def block_size(self) -> int:
@@ -170,6 +174,9 @@ class Scheduler:
         seq.num_computed_tokens = len(hits) * self.block_size
         if seq.num_output_tokens == 0:
             seq.num_cached_prompt_tokens = seq.num_computed_tokens
+        if self.blocks.enable_prefix_caching:
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += seq.num_computed_tokens
 
     def _register_full_blocks(self, seq: Sequence, num_scheduled_tokens: int) -> None:
         full_blocks = num_scheduled_tokens // self.block_size

@@ -7,6 +7,7 @@ from collections.abc import Hashable
 
 import attrs
 
+from sluiceway.engine.constraint import TokenMatcher
 from sluiceway.engine.detokenizer import IncrementalDetokenizer
 from sluiceway.engine.outputs import FinishReason, TokenLogprob
 from sluiceway.engine.sampling_params import SamplingParams
@@ -48,6 +49,9 @@ class Sequence:
     the first `num_registered_blocks` blocks are offered to the prefix cache.
     `group` is who the sequence is scheduled fairly for: free sequence slots go
     first to the group running the fewest sequences (see `Scheduler`).
+    `matcher` follows the output tokens through `params.grammar`; a preemption
+    keeps the outputs (they are recomputed, not redrawn), so it keeps the matcher
+    as it is.
     """
 
     seq_id: int
@@ -68,6 +72,7 @@ class Sequence:
     stop_reason: str | int | None = None
     pending_logprobs: list[TokenLogprob] = attrs.field(factory=list)
     group: Hashable = None
+    matcher: TokenMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -7,15 +7,20 @@ import attrs
 from sluiceway.protocol._codec import Wire
 from sluiceway.protocol.envelope import CHUNK_NULL_FLAGS, CHUNK_OMIT_NONE, ENVELOPE_ORDER
 from sluiceway.protocol.logprobs import ChatLogprobs
+from sluiceway.protocol.tools import DeltaToolCall, ToolCall
 from sluiceway.protocol.usage import Usage
 
 
 @attrs.frozen
 class ChatMessage(Wire):
-    """An assistant message in a non-streamed chat completion."""
+    """An assistant message in a non-streamed chat completion: its text, or null
+    when it is only `tool_calls`."""
 
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    wire_omit_none = frozenset({"tool_calls"})
 
 
 @attrs.frozen
@@ -51,8 +56,10 @@ class DeltaMessage(Wire):
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
-    wire_omit_none = frozenset({"role"})
+    # A chunk that ends a choice, or carries only tool calls, has no content key.
+    wire_omit_none = frozenset({"role", "content", "tool_calls"})
 
 
 @attrs.frozen

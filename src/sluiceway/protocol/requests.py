@@ -9,7 +9,7 @@ server's limit) the server checks after decoding.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 import attrs
 from msgspec import Meta
@@ -31,6 +31,7 @@ from sluiceway.protocol.constraints import (
     TopP,
 )
 from sluiceway.protocol.messages import ChatMessageParam
+from sluiceway.protocol.tools import ResponseFormat, StructuredOutputs, Tool, ToolChoice
 
 Conversation = Annotated[list[ChatMessageParam], Meta(min_length=1)]
 TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
@@ -44,13 +45,6 @@ class StreamOptions:
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
-
-
-@attrs.frozen
-class ResponseFormat:
-    """Only plain text is supported."""
-
-    type: Literal["text"]
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +71,8 @@ class SamplingFields:
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -89,8 +85,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: LogprobCount | None = None
     add_generation_prompt: bool | None = None
-    tools: list[Any] | None = None
-    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +98,10 @@ class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str | TokenId | TokenIds], Meta(min_length=1)]
     logprobs: LogprobCount | None = None
     echo: bool | None = None
+    # OpenAI fields that would change the result and are not supported: refused
+    # rather than ignored (the server checks).
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -256,7 +256,7 @@ class TorchModelRunner:
         sampling = [c for c in batch.chunks if c.sample]
         with torch.inference_mode():
             logits = self._logits(batch)
-            return sample(logits, sampling) if sampling else []
+            return sample(logits, sampling, batch.token_masks) if sampling else []
 
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """The float32 logits `step` would sample from, as a new tensor (tests and

@@ -2,7 +2,7 @@
 
 Order of logit processing, per row: logit_bias, repetition penalty (HF semantics,
 over prompt + output tokens), presence/frequency penalties (OpenAI semantics, over
-output tokens), suppressed ids to -inf, then for sampled rows temperature, top-k,
+output tokens), suppressed ids to -inf, tokens a row's grammar forbids to -inf, then for sampled rows temperature, top-k,
 top-p and min-p. Greedy rows (temperature 0) take the argmax. Log-probabilities
 are always taken from the RAW logits.
 
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk
+from sluiceway.engine.constraint import TokenMasks
 from sluiceway.runner.native.logit_stats import argmax_logsumexp
 
 _SEED_MASK = (1 << 63) - 1
@@ -110,6 +111,27 @@ def _apply_penalties(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> 
         pres = _on(dev, [p.presence_penalty for p in params], sub.dtype)[:, None]
         sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
     logits[wanted_rows] = sub
+
+
+_BIT = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32)
+
+
+def _apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> None:
+    """Forbidden tokens of the masked rows to -inf, in place, in one batched op.
+
+    Waits for the masks (they were filled while the model ran). Columns beyond
+    the mask's vocabulary (a model's padded output rows) are forbidden too."""
+    bits = torch.from_numpy(masks.wait())
+    rows = _on(logits.device, list(masks.rows), torch.int64)
+    vocab = logits.shape[1]
+    words = bits.shape[1]
+    # Bit t % 32 of word t // 32 -> one bool per token; int32 arithmetic, so bit
+    # 31 is the sign bit (hence the negative entry in `_BIT`).
+    allowed = (bits.unsqueeze(-1) & _BIT).ne(0).view(len(masks.rows), words * 32)
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    allowed = allowed[:, :vocab].to(logits.device, non_blocking=True)
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 
 def _filter(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
@@ -214,17 +236,22 @@ def _unpack_tops(
     return tops
 
 
-def sample(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> list[SampledToken]:
+def sample(
+    logits: torch.Tensor, chunks: Sequence[ScheduledChunk], token_masks: TokenMasks | None = None
+) -> list[SampledToken]:
     """Pick one token per row of `logits` (`[S, vocab]`, float32, row r belongs to
-    `chunks[r]`); does not modify `logits`."""
+    `chunks[r]`); in the rows of `token_masks`, only tokens their masks allow. Does
+    not modify `logits`."""
     raw = logits
-    needs_processing = any(
+    needs_processing = token_masks is not None or any(
         c.params.logit_bias or c.suppressed_token_ids or c.params.needs_penalties for c in chunks
     )
     processed = raw.clone() if needs_processing else raw
     if needs_processing:
         _apply_bias_and_suppression(processed, chunks)
         _apply_penalties(processed, chunks)
+        if token_masks is not None:
+            _apply_token_masks(processed, token_masks)
     tokens, lse = _argmax_and_logsumexp(raw)
     if needs_processing:
         tokens = processed.max(dim=-1).indices

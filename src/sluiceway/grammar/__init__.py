@@ -1,0 +1,8 @@
+"""Constrained decoding: what a choice's output must match, compiled into per-token
+masks by llguidance (README, "Structured outputs", says why that library).
+
+`spec` says what to constrain to (JSON Schema, regex, a Lark grammar, tool calls)
+in plain data; `compiler` turns a spec into a grammar whose matchers follow one
+choice's tokens; `masks` fills the next-token masks of a step's constrained rows on
+a thread of its own while the model runs. Nothing here imports torch or trio.
+"""
