@@ -23,6 +23,7 @@ import attrs
 
 from sluiceway.engine.batch import SampledToken, StepBatch
 from sluiceway.runner.tensor_parallel.messages import (
+    Masks,
     RankFailed,
     RankSpec,
     Ready,
@@ -68,6 +69,19 @@ def free_loopback_port() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _picklable(batch: StepBatch) -> StepBatch:
+    """`batch` without what lives only in this process: the token masks' fill (sent
+    on its own once done) and the choices' compiled grammars (the masks carry what
+    the sampler needs of them)."""
+    if batch.token_masks is None and all(c.params.grammar is None for c in batch.chunks):
+        return batch
+    chunks = tuple(
+        c if c.params.grammar is None else attrs.evolve(c, params=attrs.evolve(c.params, grammar=None))
+        for c in batch.chunks
+    )
+    return StepBatch(chunks)
 
 
 class TensorParallelRunner:
@@ -162,13 +176,15 @@ class TensorParallelRunner:
         if not batch.chunks:
             return []
         started = time.perf_counter()
-        with self._lock:
-            if self._failure is not None or self._closed:
-                raise TensorParallelError(self._failure or "the tensor-parallel runner is closed")
+        masks = batch.token_masks
+        self._send(StepCommand(_picklable(batch), masks_follow=masks is not None))
+        if masks is not None:
+            # Filled on a thread of this process while the ranks run the forward pass.
             try:
-                self._commands.send(StepCommand(batch))
-            except OSError:
-                raise self._failed("rank 0 is gone (its pipe is closed)") from None
+                bitmask = masks.wait()
+            except Exception as exc:
+                raise self._failed(f"filling the token masks failed: {exc}") from exc
+            self._send(Masks(tuple(masks.rows), bitmask))
         reply = self._reply(timeout=self._step_timeout)
         if not isinstance(reply, StepDone):
             raise self._failed(f"unexpected reply {type(reply).__name__}")
@@ -176,6 +192,15 @@ class TensorParallelRunner:
             time.perf_counter() - started, reply.rank0_seconds, reply.collective_seconds
         )
         return reply.tokens
+
+    def _send(self, message: StepCommand | Masks) -> None:
+        with self._lock:
+            if self._failure is not None or self._closed:
+                raise TensorParallelError(self._failure or "the tensor-parallel runner is closed")
+            try:
+                self._commands.send(message)
+            except OSError:
+                raise self._failed("rank 0 is gone (its pipe is closed)") from None
 
     def close(self) -> None:
         """Ask the ranks to exit, wait up to `_EXIT_GRACE_SECONDS` for them, then

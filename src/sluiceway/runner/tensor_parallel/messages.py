@@ -54,7 +54,27 @@ class RankSpec:
 
 @attrs.frozen
 class StepCommand:
+    """Run `batch` (which carries no token masks). With `masks_follow`, the API
+    process sends the step's `Masks` next, once filled: rank 0 reads them after
+    its forward pass, so the fill still runs beside the model."""
+
     batch: StepBatch
+    masks_follow: bool = False
+
+
+@attrs.define(eq=False)  # not frozen: `TokenMasks` declares its timings writable
+class Masks:
+    """A step's filled next-token masks, as the sampler reads a `TokenMasks`:
+    `bitmask` (numpy int32 `[len(rows), ceil(vocab / 32)]`) for the sampled `rows`.
+    Never changed once sent."""
+
+    rows: tuple[int, ...]
+    bitmask: Any
+    fill_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+    def wait(self) -> Any:
+        return self.bitmask
 
 
 @attrs.frozen

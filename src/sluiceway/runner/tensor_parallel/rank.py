@@ -30,6 +30,7 @@ from sluiceway.runner.tensor_parallel.messages import (
     CheckpointSource,
     Command,
     Heartbeat,
+    Masks,
     RankFailed,
     RankSpec,
     Ready,
@@ -159,7 +160,8 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
             logits = shard.logits(command.batch.chunks)
             if commands is not None:
                 sampling = [c for c in command.batch.chunks if c.sample]
-                tokens = sample(logits, sampling) if sampling else []
+                masks = _masks(commands) if command.masks_follow else None
+                tokens = sample(logits, sampling, masks) if sampling else []
                 commands.send(
                     StepDone(
                         tokens,
@@ -167,6 +169,14 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
                         collective_seconds=shard.model.collective_seconds,
                     )
                 )
+
+
+def _masks(commands: Connection) -> Masks:
+    """Rank 0: the token masks the API process sends after a step's command."""
+    masks = commands.recv()
+    if not isinstance(masks, Masks):
+        raise TypeError(f"expected the step's token masks, got {type(masks).__name__}")
+    return masks
 
 
 def _first_line(exc: BaseException) -> str:
