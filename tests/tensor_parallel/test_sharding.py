@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tp_helpers import tiny_llama
 from transformers import LlamaConfig
 
+from sluiceway.runner.tensor_parallel.checkpoint import lazy_checkpoint
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan, TensorParallelError
 from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
 
@@ -81,3 +83,19 @@ def test_the_local_config_describes_the_slice():
     local = plan.local_config(config(num_key_value_heads=2))
     assert (local.num_attention_heads, local.num_key_value_heads, local.head_dim) == (1, 1, 16)
     assert (local.intermediate_size, local.vocab_size) == (32, 63)
+
+
+def test_a_safetensors_checkpoint_is_sliced_without_reading_it_whole(tmp_path):
+
+
+    model = tiny_llama(kv_heads=2, vocab=254)
+    model.save_pretrained(tmp_path)
+    loaded = lazy_checkpoint(str(tmp_path))
+    assert loaded is not None and lazy_checkpoint(None) is None
+    config, lazy = loaded
+    whole = model.state_dict()
+    for rank in range(4):
+        plan = ShardPlan.for_config(config, 4, rank)
+        from_file, from_memory = plan.shard(lazy), plan.shard(whole)
+        assert from_file.keys() == from_memory.keys()
+        assert all(torch.equal(from_file[k], from_memory[k]) for k in from_file)

@@ -18,7 +18,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
+from typing import Any
 
 import attrs
 import torch
@@ -108,12 +110,19 @@ def _build_shard(spec: RankSpec, rank: int, device: torch.device, cpu_group) -> 
     from sluiceway.runner.kernels.backend import select_attention_backend
 
     source = spec.source
+    state_dict: Mapping[str, Any]
     if isinstance(source, CheckpointSource):
-        from sluiceway.runner.loading import load_model
+        from sluiceway.runner.loading import load_model, resolve_dtype
+        from sluiceway.runner.tensor_parallel.checkpoint import lazy_checkpoint
 
-        loaded = load_model(source.model, source.dtype, progress=False)
-        hf_config, state_dict, dtype = loaded.hf_config, loaded.state_dict(), loaded.dtype
-        loaded.module = None
+        lazy = lazy_checkpoint(source.model)
+        if lazy is not None:  # read just this rank's slices
+            hf_config, state_dict = lazy
+            dtype = resolve_dtype(source.dtype)  # as the API process resolved it
+        else:
+            loaded = load_model(source.model, source.dtype, progress=False)
+            hf_config, state_dict, dtype = loaded.hf_config, loaded.state_dict(), loaded.dtype
+            loaded.module = None
     else:
         hf_config, state_dict, dtype = source.hf_config, source.state_dict, source.dtype
     plan = ShardPlan.for_config(hf_config, spec.world_size, rank)

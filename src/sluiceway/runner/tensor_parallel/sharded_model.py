@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ class ShardedLlamaModel(LlamaModel):
     def __init__(
         self,
         config,
-        state_dict: Mapping[str, torch.Tensor],
+        state_dict: Mapping[str, Any],
         plan: ShardPlan,
         *,
         dtype: torch.dtype,
@@ -87,7 +88,7 @@ class ShardRunner:
     def __init__(
         self,
         hf_config,
-        state_dict: Mapping[str, torch.Tensor],
+        state_dict: Mapping[str, Any],
         plan: ShardPlan,
         *,
         dtype: torch.dtype,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -112,8 +113,10 @@ class ShardPlan:
         local.vocab_size = self.vocab_per_rank
         return local
 
-    def shard(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's slices of `state_dict` (copies, so the whole can be freed)."""
+    def shard(self, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """This rank's slices of `state_dict` (copies, so the whole can be freed).
+        A value may be a tensor or anything indexed like one that has its `shape`
+        (`checkpoint.LazyWeight`: then only the slices are read)."""
         out: dict[str, torch.Tensor] = {}
         d = self.head_dim
         q_rows = slice(self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
@@ -127,7 +130,7 @@ class ShardPlan:
                 out[name] = self._vocab_rows(state_dict[name])
         return out
 
-    def _slice(self, name: str, tensor: torch.Tensor, q_rows: slice, kv_rows: slice, mlp_rows: slice):
+    def _slice(self, name: str, tensor: Any, q_rows: slice, kv_rows: slice, mlp_rows: slice) -> torch.Tensor:
         leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
         proj, kind = (leaf[0], leaf[1]) if len(leaf) == 2 else ("", "")
         if proj == "q_proj":
@@ -140,13 +143,14 @@ class ShardPlan:
             return tensor[:, q_rows] if kind == "weight" else self._rank0_bias(tensor)
         if proj == "down_proj":
             return tensor[:, mlp_rows] if kind == "weight" else self._rank0_bias(tensor)
-        return tensor  # norms (and the vocabulary weights, sliced by the caller)
+        return tensor[:]  # norms (and the vocabulary weights, sliced by the caller)
 
-    def _rank0_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        return bias if self.rank == 0 else torch.zeros_like(bias)
+    def _rank0_bias(self, bias: Any) -> torch.Tensor:
+        whole = bias[:]
+        return whole if self.rank == 0 else torch.zeros_like(whole)
 
-    def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
+    def _vocab_rows(self, weight: Any) -> torch.Tensor:
         rows = weight[self.vocab_start : self.vocab_start + self.vocab_per_rank]
-        padded = torch.zeros((self.vocab_per_rank, weight.shape[1]), dtype=weight.dtype)
+        padded = torch.zeros((self.vocab_per_rank, weight.shape[1]), dtype=rows.dtype)
         padded[: rows.shape[0]] = rows
         return padded
