@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
 
@@ -163,3 +166,36 @@ def test_sample_does_not_modify_logits():
         [_chunk(temperature=0.0, logit_bias={1: 5.0}), _chunk(seq_id=1, step_seed=1, top_k=3)],
     )
     assert torch.equal(logits, before)
+
+
+class _Masks:
+    """TokenMasks already filled: `allowed[i]` are the tokens row `rows[i]` may take."""
+
+    def __init__(self, rows: list[int], allowed: list[set[int]], vocab: int) -> None:
+        words = (vocab + 31) // 32
+        bits = np.zeros((len(rows), words), dtype=np.uint32)
+        for i, tokens in enumerate(allowed):
+            for t in tokens:
+                bits[i, t // 32] |= np.uint32(1 << (t % 32))
+        self.rows = tuple(rows)
+        self._bits = bits.view(np.int32)
+        self.fill_seconds = self.wait_seconds = 0.0
+
+    def wait(self) -> Any:
+        return self._bits
+
+
+@pytest.mark.parametrize("model_vocab", [80, 96, 100])  # mask wider, as wide, narrower
+def test_token_masks_leave_only_allowed_tokens(model_vocab: int) -> None:
+    allowed = [{0, 31}, {32, 63, 70}]  # bit 0 and the sign bit 31 of a word
+    masks = _Masks([0, 2], allowed, vocab=96 if model_vocab != 80 else 80)
+    logits = torch.arange(model_vocab, dtype=torch.float32).repeat(3, 1)  # the last id wins
+    chunks = [
+        ScheduledChunk(i, [1], 0, [0], True, SamplingParams(temperature=t, seed=i), step_seed=i)
+        for i, t in enumerate([0.0, 0.0, 1.0])
+    ]
+    out = sample(logits, chunks, masks)
+    assert out[0].token_id == 31  # greedy: the best allowed token
+    assert out[1].token_id == model_vocab - 1  # not masked
+    assert out[2].token_id in allowed[1]  # sampled: an allowed token
+    assert logits[0, -1] == model_vocab - 1  # the caller's logits are not modified

@@ -121,16 +121,21 @@ def _apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> None:
 
     Waits for the masks (they were filled while the model ran). Columns beyond
     the mask's vocabulary (a model's padded output rows) are forbidden too."""
+    dev = logits.device
+    # The packed bits go to the device (an eighth of the bools' size) and are
+    # unpacked there.
     bits = torch.from_numpy(masks.wait())
-    rows = _on(logits.device, list(masks.rows), torch.int64)
+    bits = bits if dev.type == "cpu" else bits.to(dev, non_blocking=True)
+    rows = _on(dev, list(masks.rows), torch.int64)
     vocab = logits.shape[1]
     words = bits.shape[1]
     # Bit t % 32 of word t // 32 -> one bool per token; int32 arithmetic, so bit
     # 31 is the sign bit (hence the negative entry in `_BIT`).
-    allowed = (bits.unsqueeze(-1) & _BIT).ne(0).view(len(masks.rows), words * 32)
+    bit = _BIT if dev.type == "cpu" else _BIT.to(dev, non_blocking=True)
+    allowed = (bits.unsqueeze(-1) & bit).ne(0).view(len(masks.rows), words * 32)
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    allowed = allowed[:, :vocab].to(logits.device, non_blocking=True)
+    allowed = allowed[:, :vocab]
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
 
 
