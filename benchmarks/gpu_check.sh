@@ -3,7 +3,9 @@
 # with an NVIDIA GPU, torch, triton and transformers (no sluiceway install, no trio):
 #   bash benchmarks/gpu_check.sh [gpu_check.py args, e.g. --batches 1 8 --iters 5]
 # (a) tests/kernels compiled for the GPU (pytest) or an inline check without pytest;
-# (b) Llama-3-8B-shaped bf16 decode throughput table. Sized to end within ~8 minutes.
+# (b) Llama-3-8B-shaped bf16 decode throughput table; (c) the same shape's decode step
+# with sampling on one GPU (tp=1) and, where the machine has 2 or more GPUs, split
+# over them (tensor parallelism, NCCL). Sized to end within ~10 minutes.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -26,4 +28,7 @@ fi
 
 echo "== (b) decode throughput"
 timeout 270 $PY benchmarks/gpu_check.py "$@" || status=1
+
+echo "== (c) tensor parallel: tp=1 beside tp=N (N GPUs; one GPU: the tp=1 row only)"
+timeout 150 $PY benchmarks/tp_check.py || status=1
 exit $status

@@ -81,6 +81,15 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CUDA: run every step eagerly instead of replaying captured decode graphs",
     )
+    group.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="split the model over N rank processes (one GPU each on CUDA; see "
+        "docs/tensor-parallel.md for ranks on other machines)",
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +152,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         attention_backend=args.attention_backend,
         quantization=args.quantization,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -259,12 +269,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     prompts = [
         p if args.raw else llm.encode_chat([{"role": "user", "content": p}]) for p in args.prompt
     ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for prompt, result in zip(args.prompt, llm.generate(prompts, params), strict=True):
+    with llm:  # ends tensor-parallel ranks, if any
+        results = llm.generate(prompts, params)
+    for prompt, result in zip(args.prompt, results, strict=True):
         print(f"### {prompt}\n{result.outputs[0].text}\n")
     return 0
 

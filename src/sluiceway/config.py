@@ -82,7 +82,8 @@ class ModelConfig:
     run faster, larger steps use the dequantized weights densely (so memory grows,
     it does not shrink); outputs are those of the quantized model, not the
     original (see `runner/linear.py`). On CUDA, decode
-    steps replay CUDA graphs unless `enforce_eager`."""
+    steps replay CUDA graphs unless `enforce_eager`. `tensor_parallel_size` > 1
+    splits the model over that many rank processes (docs/tensor-parallel.md)."""
 
     model: str | None = None
     dtype: DType = "auto"
@@ -90,6 +91,7 @@ class ModelConfig:
     attention_backend: AttentionBackendName = "auto"
     quantization: Quantization | None = None
     enforce_eager: bool = False
+    tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

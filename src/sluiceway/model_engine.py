@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
     from sluiceway.runner.loading import LoadedModel
     from sluiceway.runner.model_runner import TorchModelRunner
+    from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +27,12 @@ logger = logging.getLogger(__name__)
 @attrs.frozen
 class ModelBundle:
     """A loaded model, the runner built over it, and the thread that did the torch
-    work (None: the caller's thread). Steps should run on that same thread."""
+    work (None: the caller's thread). Steps should run on that same thread. The
+    runner is a `TorchModelRunner`, or a `TensorParallelRunner` with a
+    tensor-parallel size above 1 (then `loaded` holds no weights: the ranks do)."""
 
     loaded: LoadedModel
-    runner: TorchModelRunner
+    runner: TorchModelRunner | TensorParallelRunner
     thread: StepThread | None = None
 
     @property
@@ -72,6 +75,8 @@ def load_bundle(
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     loaded = load_model(model.model, model.dtype, progress=progress)
+    if model.tensor_parallel_size > 1:
+        return ModelBundle(loaded, _start_ranks(loaded, model, engine, device))
     try:
         runner = TorchModelRunner.from_loaded(
             loaded,
@@ -89,6 +94,21 @@ def load_bundle(
     if not keep_module:
         loaded.module = None  # the runner holds its own (fused) weights
     return ModelBundle(loaded, runner)
+
+
+def _start_ranks(
+    loaded: LoadedModel, model: ModelConfig, engine: EngineConfig, device: str
+) -> TensorParallelRunner:
+    """The ranks' runner; this process keeps the tokenizer and config, not the weights."""
+    from sluiceway.runner.loading import ModelLoadError
+    from sluiceway.runner.tensor_parallel.launch import start_ranks
+    from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
+
+    loaded.module = None  # each rank loads its own slice; free this copy first
+    try:
+        return start_ranks(model, engine, loaded.hf_config, device)
+    except TensorParallelError as exc:
+        raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
 
 
 def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:

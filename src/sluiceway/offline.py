@@ -34,7 +34,9 @@ class LLM:
 
     `model=None` loads the embedded default model; `quantization="int8"` or
     `"int4"` stores weights weight-only quantized. Engine limits are the keyword arguments of `EngineConfig`
-    (e.g. `max_num_seqs=32`).
+    (e.g. `max_num_seqs=32`). `tensor_parallel_size=N` splits the model over N
+    rank processes, spawned on the calling thread (they end with it, with
+    `close`, or at the latest when the interpreter exits).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class LLM:
         quantization: str | None = None,
         attention_backend: str = "auto",
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
         **engine_options: object,
     ) -> None:
         self.engine_config = EngineConfig(**engine_options)  # type: ignore[arg-type]
@@ -53,11 +56,25 @@ class LLM:
             quantization=quantization,  # type: ignore[arg-type]
             attention_backend=attention_backend,  # type: ignore[arg-type]
             enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self.bundle = load_bundle(model_config, self.engine_config)
         self.tokenizer = self.bundle.loaded.tokenizer
         self._core = build_core(self.bundle, self.engine_config)
         self._next_request_id = 0
+
+    def close(self) -> None:
+        """End the tensor-parallel ranks, if any (idempotent); the LLM cannot
+        generate afterwards. With one device there is nothing to end."""
+        close = getattr(self.bundle.runner, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of a conversation rendered with the model's chat template."""

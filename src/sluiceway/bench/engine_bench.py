@@ -109,6 +109,9 @@ def run_engine_bench(args: argparse.Namespace) -> int:
             row = BenchRow(dtype, batch, ours, theirs)
             rows.append(row)
             print(_format_row(row), flush=True)
+        close = getattr(bundle.runner, "close", None)
+        if close is not None:  # tensor-parallel ranks: end them before the next dtype's
+            close()
     print()
     print(format_table(rows, args))
     return 0

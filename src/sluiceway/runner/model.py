@@ -215,7 +215,7 @@ class LlamaModel:
         logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
         cos, sin = self.rope_tables(positions)
         eps = self.shape.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.embed_tokens(input_ids)
         one_token = self._one_token_decode(attention, meta) if input_ids.shape[0] == 1 else None
         if one_token is not None:
             hidden = one_token.run(hidden, cos, sin, meta, eps)
@@ -223,7 +223,22 @@ class LlamaModel:
             hidden = self._layers(hidden, cos, sin, attention, meta)
         picked = hidden[logits_indices]
         picked = self.ops.rms_norm(picked, self.final_norm, eps)
-        return self.lm_head(picked).to(torch.float32)
+        return self.output_logits(picked)
+
+    # Three seams a tensor-parallel shard overrides (`runner/tensor_parallel/`): on
+    # one device they are the plain operations.
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings `[T, hidden]` of `input_ids`."""
+        return F.embedding(input_ids, self.embed)
+
+    def output_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final-normed rows `normed`."""
+        return self.lm_head(normed).to(torch.float32)
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """The output of a row-parallel projection (o, down) summed over shards:
+        with the whole weight here, `partial` already is that sum."""
+        return partial
 
     def _layers(self, hidden, cos, sin, attention, meta) -> torch.Tensor:
         """Every decoder layer on the embeddings `hidden`: the residual stream after the
@@ -234,7 +249,7 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             attended = self._attention(i, layer, x, cos, sin, attention, meta)
             hidden, x = ops.add_rms_norm(hidden, attended, layer.post_norm, eps)
-            mlp = layer.down(ops.silu_mul(layer.gate_up(x)))
+            mlp = self.reduce(layer.down(ops.silu_mul(layer.gate_up(x))))
             if i < last:
                 hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[i + 1].input_norm, eps)
             else:
@@ -278,11 +293,11 @@ class LlamaModel:
         if fused is not None:
             q, k, v = fused
             out = attention.forward(i, q, k, v, meta, kv_written=True)
-            return layer.o(out.reshape(-1, q_size))
+            return self.reduce(layer.o(out.reshape(-1, q_size)))
         # q and k sit side by side in qkv, so one rotation covers both heads' sets
         # (half the elementwise launches); the result is the same element by element.
         qk = qkv[:, : q_size + kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
         q, k = apply_rope(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)
         v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
         out = attention.forward(i, q, k, v, meta)
-        return layer.o(out.reshape(-1, q_size))
+        return self.reduce(layer.o(out.reshape(-1, q_size)))

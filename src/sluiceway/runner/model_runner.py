@@ -21,7 +21,7 @@ from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, Torc
 from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
 from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
 from sluiceway.runner.loading import LoadedModel
-from sluiceway.runner.model import LlamaModel
+from sluiceway.runner.model import LlamaModel, ModelShape
 from sluiceway.runner.sampler import sample
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,42 @@ def build_inputs(
     )
 
 
+def allocate_kv_cache(
+    shape: ModelShape,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int,
+    num_blocks: int | None,
+    kv_cache_bytes: int | None,
+    agree: Callable[[int], int] | None = None,
+) -> KVCache:
+    """The KV cache of a model of `shape`: `num_blocks` blocks when given, else as
+    many as fit `kv_cache_bytes` (ValueError when neither is given or not one
+    fits). `agree` may lower the count first (tensor-parallel ranks take the
+    smallest of theirs)."""
+    if num_blocks is None:
+        if kv_cache_bytes is None:
+            raise ValueError("give num_blocks or kv_cache_bytes")
+        per_block = kv_cache_bytes_per_block(
+            num_layers=shape.num_layers,
+            block_size=block_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=dtype,
+        )
+        num_blocks = num_blocks_for_budget(kv_cache_bytes, per_block)
+    return KVCache.allocate(
+        num_layers=shape.num_layers,
+        num_blocks=agree(num_blocks) if agree is not None else num_blocks,
+        block_size=block_size,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        dtype=dtype,
+        device=device,
+    )
+
+
 class TorchModelRunner:
     """Implements `sluiceway.engine.batch.ModelRunner`.
 
@@ -120,26 +156,15 @@ class TorchModelRunner:
         self.model = LlamaModel(
             hf_config, state_dict, dtype=dtype, device=self.device, quantization=quantization
         )
-        shape = self.model.shape
-        if kv_cache_bytes is not None:
-            per_block = kv_cache_bytes_per_block(
-                num_layers=shape.num_layers,
-                block_size=block_size,
-                num_kv_heads=shape.num_kv_heads,
-                head_dim=shape.head_dim,
-                dtype=dtype,
-            )
-            num_blocks = num_blocks_for_budget(kv_cache_bytes, per_block)
-        assert num_blocks is not None
-        self.kv_cache = KVCache.allocate(
-            num_layers=shape.num_layers,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
+        self.kv_cache = allocate_kv_cache(
+            self.model.shape,
             dtype=dtype,
             device=self.device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_bytes=kv_cache_bytes,
         )
+        num_blocks = self.kv_cache.num_blocks
         factory: AttentionFactory = attention or TorchAttention
         self.attention: AttentionBackend = factory(self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)

@@ -1,0 +1,135 @@
+"""One rank's slice of a Llama-family model, and its slice of the KV cache.
+
+`ShardedLlamaModel` is `LlamaModel` over the rank's weights (see `sharding.py`)
+with the three seams that make the slices one model: the embedding and the
+row-parallel projections are summed over ranks (all-reduce), and rank 0
+gathers every rank's slice of the logits. The fused one-token C step is off: it
+runs every layer in one call, with nowhere to reduce between them. Weight-only
+quantization is not offered (a row-parallel slice would get other scales than
+the whole row has on one device).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from sluiceway.engine.batch import ScheduledChunk
+from sluiceway.runner.attention import AttentionBackend, TorchAttention
+from sluiceway.runner.kv_cache import KVCache
+from sluiceway.runner.model import LlamaModel
+from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs
+from sluiceway.runner.tensor_parallel.sharding import ShardPlan
+
+
+class ShardedLlamaModel(LlamaModel):
+    """Rank `plan.rank`'s slice; every rank must run `forward` on the same inputs,
+    in step (each call makes collectives on `group`). `forward` returns the whole
+    vocabulary's logits on rank 0 and this rank's padded slice elsewhere."""
+
+    def __init__(
+        self,
+        config,
+        state_dict: Mapping[str, Any],
+        plan: ShardPlan,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(
+            plan.local_config(config), plan.shard(state_dict), dtype=dtype, device=device
+        )
+        self.plan = plan
+        self.group = group
+        self.fuse_one_token_steps = False
+        # Seconds spent in collectives since last reset, waiting for slower ranks
+        # included: what a step costs beyond its share of the arithmetic.
+        self.collective_seconds = 0.0
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.plan.vocab_start
+        outside = (local < 0) | (local >= self.plan.vocab_per_rank)
+        rows = F.embedding(local.clamp(0, self.plan.vocab_per_rank - 1), self.embed)
+        rows.masked_fill_(outside[:, None], 0)
+        return self.reduce(rows)
+
+    def output_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        local = self.lm_head(normed).to(torch.float32).contiguous()
+        start = time.perf_counter()
+        if self.plan.rank != 0:
+            dist.gather(local, None, dst=0, group=self.group)
+            self.collective_seconds += time.perf_counter() - start
+            return local
+        slices = [torch.empty_like(local) for _ in range(self.plan.world_size)]
+        dist.gather(local, slices, dst=0, group=self.group)
+        self.collective_seconds += time.perf_counter() - start
+        return torch.cat(slices, dim=1)[:, : self.plan.vocab_size]
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        dist.all_reduce(partial, group=self.group)
+        self.collective_seconds += time.perf_counter() - start
+        return partial
+
+
+class ShardRunner:
+    """A rank's model, KV cache and attention backend: the tensor-parallel
+    counterpart of `TorchModelRunner` without sampling (rank 0 samples) and
+    without decode graphs. The KV cache holds `num_blocks` blocks when given,
+    else as many as fit `kv_cache_bytes` on every rank (the smallest count is
+    agreed over `cpu_group`, which must be a gloo group)."""
+
+    def __init__(
+        self,
+        hf_config,
+        state_dict: Mapping[str, Any],
+        plan: ShardPlan,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        num_blocks: int | None,
+        kv_cache_bytes: int | None,
+        attention: Callable[[KVCache], AttentionBackend] | None = None,
+        group: dist.ProcessGroup | None = None,
+        cpu_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.device = device
+        self.model = ShardedLlamaModel(
+            hf_config, state_dict, plan, dtype=dtype, device=device, group=group
+        )
+
+        def smallest_over_ranks(count: int) -> int:
+            agreed = torch.tensor([count], dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=cpu_group)
+            return int(agreed.item())
+
+        self.kv_cache = allocate_kv_cache(
+            self.model.shape,
+            dtype=dtype,
+            device=device,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            kv_cache_bytes=kv_cache_bytes,
+            agree=smallest_over_ranks,
+        )
+        self.attention: AttentionBackend = (attention or TorchAttention)(self.kv_cache)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    def logits(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """Run one step's chunks (every rank the same ones, in step); the sampling
+        rows' logits as `ShardedLlamaModel.forward` returns them."""
+        inputs = build_inputs(chunks, self.kv_cache.block_size, self.model.shape.scale, self.device)
+        meta = self.attention.prepare(inputs.meta)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
+        )
