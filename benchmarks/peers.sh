@@ -143,6 +143,10 @@ stop_server() {
 }
 trap stop_server EXIT INT TERM
 
+# guidellm starts up to 10 worker processes by default; on a 2-core machine they
+# take cores from the server under test. One asyncio worker drives 32 streams.
+export GUIDELLM__MAX_WORKER_PROCESSES=${GUIDELLM__MAX_WORKER_PROCESSES:-1}
+
 run_level() {  # name streams
   local port=$LLAMA_PORT
   [[ $1 == sluiceway ]] && port=$SLUICEWAY_PORT
