@@ -4,9 +4,11 @@ each level, side by side, and sluiceway's ratios to llama.cpp.
     python benchmarks/peers_table.py RESULTS_DIR
 
 RESULTS_DIR holds `<server>-<streams>.json` (guidellm's `--output kind=json`).
-Output tok/s is the completed requests' output tokens over the level's duration;
-TTFT and ITL percentiles are over the completed requests. A missing or empty
-report prints as "-".
+Output tok/s is every request's output tokens (completed, and cut off by the
+end of the level) over the level's duration, so a level in which no request
+finished still shows what was generated; TTFT and ITL percentiles are over the
+completed requests. A missing report, or a percentile with no completed
+request, prints as "-".
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ def level_figures(path: Path) -> dict[str, float] | None:
         return None
     metrics = bench["metrics"]
     done = metrics["request_totals"]["successful"]
+    tok_s = metrics["output_token_count"]["total"]["total_sum"] / bench["duration"]
     if not done:
-        return {"tok_s": 0.0, "requests": 0}
+        return {"tok_s": tok_s, "requests": 0}
 
     def pct(name: str, p: str) -> float:
         return float(metrics[name]["successful"]["percentiles"][p])
 
     return {
-        "tok_s": metrics["output_token_count"]["successful"]["total_sum"] / bench["duration"],
+        "tok_s": tok_s,
         "requests": done,
         "ttft_p50": pct("time_to_first_token_ms", "p50"),
         "ttft_p99": pct("time_to_first_token_ms", "p99"),
@@ -55,7 +58,7 @@ def main(directory: str) -> None:
         {int(m.group(1)) for p in root.glob("*.json") if (m := re.search(r"-(\d+)\.json$", p.name))}
     )
     print(
-        "| streams | server | output tok/s | requests | TTFT p50 ms | TTFT p99 ms "
+        "| streams | server | output tok/s | completed requests | TTFT p50 ms | TTFT p99 ms "
         "| ITL p50 ms | ITL p99 ms |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
