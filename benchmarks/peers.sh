@@ -6,10 +6,12 @@
 #
 # Everything built or installed goes to $SLUICEWAY_PEERS_CACHE (default
 # ~/.cache/sluiceway-peers), outside the repository, and is reused: llama-server is
-# built from the llama-cpp-python sdist's vendored llama.cpp (about 10 minutes on 2
-# cores, once), guidellm lives in its own virtualenv there. The two servers
-# alternate, one at a time, each started and stopped by its process id: for each
-# level, llama.cpp first at odd levels, sluiceway first at even ones.
+# built from the llama-cpp-python sdist's vendored llama.cpp (once; about an hour
+# of wall time on a 2-core machine busy with other work), guidellm lives in its
+# own virtualenv there. The two servers alternate, one at a time, each started and
+# stopped by its process id: llama.cpp first at the first and third levels,
+# sluiceway first at the second. llama-server gets `-t $(nproc)`, which follows
+# OMP_NUM_THREADS as torch does, so setting it limits both servers alike.
 #
 # Usage: benchmarks/peers.sh [build|run|all]   (default all)
 # Knobs (environment): STREAMS (1,8,32), SECONDS_PER_LEVEL (60), PYTHON (.venv/bin/python),
