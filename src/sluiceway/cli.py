@@ -72,9 +72,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--quantization",
-        default=None,
-        choices=["int8", "int4"],
-        help="CPU only: weight-only quantized linears, much faster for a few streams; changes outputs",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="CPU only: weight-only quantized linears, much faster for a few streams; changes "
+        "outputs. auto (default): int4 or int8 for a GGUF stored 4-8-bit where the native "
+        "kernels run (bfloat16 on AVX512-BF16), else none; the start-up log says which and why",
     )
     group.add_argument(
         "--enforce-eager",

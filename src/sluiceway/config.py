@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 Quantization = Literal["int8", "int4"]
+# What a user asks for: a path, "none", or "auto" (the path the stored weights fit).
+QuantizationMode = Literal["auto", "none", "int8", "int4"]
 AccessLogStyle = Literal["logfmt", "json"]
 
 
@@ -81,15 +83,20 @@ class ModelConfig:
     the linear weights: steps with few sequences read far fewer weight bytes and
     run faster, larger steps use the dequantized weights densely (so memory grows,
     it does not shrink); outputs are those of the quantized model, not the
-    original (see `runner/linear.py`). On CUDA, decode
-    steps replay CUDA graphs unless `enforce_eager`. `tensor_parallel_size` > 1
-    splits the model over that many rank processes (docs/tensor-parallel.md)."""
+    original (see `runner/linear.py`). "auto" (the default) picks the path the
+    stored weights fit: int4 or int8 on CPU for a GGUF whose linear weights are
+    stored quantized, where the native kernels serve them (bfloat16 on
+    AVX512-BF16); none for float weights, on other CPUs, on CUDA and with tensor
+    parallelism (see `runner/quantization_choice.py`); "none" (or None) never
+    quantizes. On CUDA, decode steps replay CUDA graphs unless `enforce_eager`.
+    `tensor_parallel_size` > 1 splits the model over that many rank processes
+    (docs/tensor-parallel.md)."""
 
     model: str | None = None
     dtype: DType = "auto"
     served_model_name: str | None = None
     attention_backend: AttentionBackendName = "auto"
-    quantization: Quantization | None = None
+    quantization: QuantizationMode | None = "auto"
     enforce_eager: bool = False
     tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
 

@@ -29,11 +29,13 @@ class ModelBundle:
     """A loaded model, the runner built over it, and the thread that did the torch
     work (None: the caller's thread). Steps should run on that same thread. The
     runner is a `TorchModelRunner`, or a `TensorParallelRunner` with a
-    tensor-parallel size above 1 (then `loaded` holds no weights: the ranks do)."""
+    tensor-parallel size above 1 (then `loaded` holds no weights: the ranks do).
+    `quantization` is the weight path the runner took (None: unquantized)."""
 
     loaded: LoadedModel
     runner: TorchModelRunner | TensorParallelRunner
     thread: StepThread | None = None
+    quantization: str | None = None
 
     @property
     def name(self) -> str:
@@ -68,6 +70,7 @@ def load_bundle(
     from sluiceway.runner.kernels.backend import select_attention_backend
     from sluiceway.runner.loading import ModelLoadError, load_model
     from sluiceway.runner.model_runner import TorchModelRunner
+    from sluiceway.runner.quantization_choice import choose_quantization, native_quantized_kernels
 
     device = _device()
     try:
@@ -78,11 +81,28 @@ def load_bundle(
     if model.tensor_parallel_size > 1:
         return ModelBundle(loaded, _start_ranks(loaded, model, engine, device))
     try:
+        choice = choose_quantization(
+            model.quantization,
+            device=device,
+            gguf_path=loaded.gguf_path,
+            native_kernels=native_quantized_kernels(loaded.dtype, device),
+        )
+    except Exception as exc:  # an unreadable GGUF index; transformers read the file, though
+        raise ModelLoadError(f"cannot read the tensor types of {loaded.name}: {exc}") from None
+    logger.info(
+        "serving %s on %s in %s, %s (%s)",
+        loaded.name,
+        device,
+        str(loaded.dtype).removeprefix("torch."),
+        f"{choice.quantization} weight-only" if choice.quantization else "unquantized",
+        choice.reason,
+    )
+    try:
         runner = TorchModelRunner.from_loaded(
             loaded,
             device=device,
             attention=attention,
-            quantization=model.quantization,
+            quantization=choice.quantization,
             block_size=engine.block_size,
             num_blocks=engine.num_kv_blocks,
             kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
@@ -93,7 +113,7 @@ def load_bundle(
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
     if not keep_module:
         loaded.module = None  # the runner holds its own (fused) weights
-    return ModelBundle(loaded, runner)
+    return ModelBundle(loaded, runner, quantization=choice.quantization)
 
 
 def _start_ranks(

@@ -32,8 +32,10 @@ class RequestOutput:
 class LLM:
     """A model and an engine core in this process, driven synchronously.
 
-    `model=None` loads the embedded default model; `quantization="int8"` or
-    `"int4"` stores weights weight-only quantized. Engine limits are the keyword arguments of `EngineConfig`
+    `model=None` loads the embedded default model; `quantization="auto"` serves a
+    GGUF stored quantized on the matching weight-only path on CPU (int4 for the
+    default model), `"none"` unquantized, `"int8"` or `"int4"` as asked (see
+    `ModelConfig`). Engine limits are the keyword arguments of `EngineConfig`
     (e.g. `max_num_seqs=32`). `tensor_parallel_size=N` splits the model over N
     rank processes, spawned on the calling thread (they end with it, with
     `close`, or at the latest when the interpreter exits).
@@ -43,7 +45,7 @@ class LLM:
         self,
         model: str | None = None,
         dtype: str = "auto",
-        quantization: str | None = None,
+        quantization: str | None = "auto",
         attention_backend: str = "auto",
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,

@@ -57,8 +57,14 @@ def expected(hf_model) -> list[list[int]]:
 
 
 def run_engine(hf_model, prompts, *, num_blocks=64, block_size=4, budget=512, max_seqs=8, prefix=True, rounds=1):
+    # Unquantized float32 on purpose: this checks exact parity with transformers.
     runner = TorchModelRunner(
-        hf_model.config, hf_model.state_dict(), block_size=block_size, num_blocks=num_blocks
+        hf_model.config,
+        hf_model.state_dict(),
+        dtype=torch.float32,
+        quantization=None,
+        block_size=block_size,
+        num_blocks=num_blocks,
     )
     core = EngineCore(
         runner,

@@ -44,7 +44,28 @@ def test_default_model_greedy_matches_generate(loaded, greedy_driver_cls, hf_gre
     module = loaded.module
     module.generation_config.eos_token_id = None
     want = [hf_greedy_fn(module, p, MAX_NEW) for p in prompts]
-    runner = TorchModelRunner.from_loaded(loaded, block_size=16, num_blocks=64)
+    # Unquantized: exact greedy parity with transformers in float32.
+    runner = TorchModelRunner.from_loaded(loaded, quantization=None, block_size=16, num_blocks=64)
     got = greedy_driver_cls(runner).generate(prompts, MAX_NEW, chunk=16)
     assert got == want
     assert loaded.tokenizer.decode(got[0])  # real text, not an empty decode
+
+
+def test_the_default_is_served_on_int4_where_it_is_fast_and_says_why(caplog):
+    """The default model's layers are stored Q4_1, so the default (auto) serves them
+    on int4 where the native kernels run (bfloat16 on AVX512-BF16), unquantized
+    elsewhere; the start-up log names the path and the stored type either way."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.quantization_choice import native_quantized_kernels
+
+    with caplog.at_level("INFO", logger="sluiceway.model_engine"):
+        bundle = load_bundle(ModelConfig(), EngineConfig(num_kv_blocks=8), progress=False)
+    fast_here = native_quantized_kernels(bundle.loaded.dtype, "cpu")
+    assert bundle.quantization == ("int4" if fast_here else None)
+    assert "Q4_1" in caplog.text
+    assert ("int4 weight-only" if fast_here else "unquantized") in caplog.text
+    unquantized = load_bundle(
+        ModelConfig(quantization="none"), EngineConfig(num_kv_blocks=8), progress=False
+    )
+    assert unquantized.quantization is None

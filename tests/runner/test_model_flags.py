@@ -15,10 +15,15 @@ def test_quantization_and_enforce_eager_reach_the_model_config(command):
     assert config.enforce_eager is True
 
 
-def test_defaults_are_unquantized_and_graph_capable():
+def test_defaults_pick_the_quantization_from_the_weights_and_are_graph_capable():
     config = model_config(build_parser().parse_args(["serve"]))
-    assert config.quantization is None
+    assert config.quantization == "auto"
     assert config.enforce_eager is False
+
+
+def test_quantization_none_keeps_the_weights_unquantized():
+    args = build_parser().parse_args(["serve", "--quantization", "none"])
+    assert model_config(args).quantization == "none"
 
 
 def test_an_unknown_quantization_is_a_usage_error(capsys):

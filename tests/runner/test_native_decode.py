@@ -19,8 +19,8 @@ from sluiceway.runner.native.paged_decode import native_decode_available, paged_
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
 
-def _reference(q, key_cache, value_cache, tables, lens, scale) -> torch.Tensor:
-    """Each sequence's slots picked one by one, float32 attention, bfloat16 result."""
+def _reference(q, key_cache, value_cache, tables, lens, scale, dtype=torch.bfloat16):
+    """Each sequence's slots picked one by one, float32 attention, `dtype` result."""
     block_size = key_cache.shape[1]
     flat_k = key_cache.flatten(0, 1).float()
     flat_v = value_cache.flatten(0, 1).float()
@@ -34,7 +34,7 @@ def _reference(q, key_cache, value_cache, tables, lens, scale) -> torch.Tensor:
             q[b].float()[:, None, :], keys, values, scale=scale, enable_gqa=True
         )
         outs.append(out[:, 0])
-    return torch.stack(outs).to(torch.bfloat16)
+    return torch.stack(outs).to(dtype)
 
 
 def _case(heads, kv_heads, dim, lens, block_size=16, seed=0):
@@ -65,6 +65,22 @@ def test_kernel_matches_reference(portable, heads, kv_heads, dim, lens):
     assert got.dtype is torch.bfloat16 and got.shape == q.shape
     # Within bfloat16 rounding of the output (outputs are of order 1).
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("spans", [0, 1, 3])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 1, 48)])
+@pytest.mark.parametrize("lens", [[1], [16, 17, 15, 1], [200, 33, 64]])
+def test_float32_kernel_matches_reference(spans, heads, kv_heads, dim, lens):
+    """A float32 cache (a float32 model's): float32 in and out, within float32
+    rounding of the reference, whether contexts are cut into spans or not."""
+    q, key_cache, value_cache, tables, seq_lens = (
+        t.float() if t.dtype is torch.bfloat16 else t for t in _case(heads, kv_heads, dim, lens)
+    )
+    scale = dim**-0.5
+    got = paged_decode(q, key_cache, value_cache, tables, seq_lens, scale, spans=spans)
+    want = _reference(q, key_cache, value_cache, tables, seq_lens, scale, torch.float32)
+    assert got.dtype is torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("portable", [False, True])
@@ -106,8 +122,10 @@ def test_kernel_refuses_what_it_cannot_do():
     q, key_cache, value_cache, tables, seq_lens = _case(9, 3, 64, [20])
     with pytest.raises(ValueError, match="overruns"):
         paged_decode(q, key_cache, value_cache, tables, seq_lens, 0.125, max_seq_len=10_000)
-    with pytest.raises(ValueError, match="bfloat16"):
+    with pytest.raises(ValueError, match="as q"):  # one dtype for all three
         paged_decode(q.float(), key_cache, value_cache, tables, seq_lens, 0.125)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        paged_decode(q.half(), key_cache.half(), value_cache.half(), tables, seq_lens, 0.125)
     with pytest.raises(ValueError, match="does not take"):
         wide = torch.zeros(1, 51, 64, dtype=torch.bfloat16)  # 17 query heads per KV head
         paged_decode(wide, key_cache, value_cache, tables, seq_lens, 0.125)
@@ -158,12 +176,15 @@ def test_auto_choice_follows_the_cache_dtype():
     f32 = KVCache.allocate(
         num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float32
     )
+    f16 = KVCache.allocate(
+        num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.float16
+    )
     assert TorchAttention(bf16).native_decode
-    # float32 keeps SDPA, so float32 stays bit-comparable with transformers.
-    assert not TorchAttention(f32).native_decode
+    assert TorchAttention(f32).native_decode
     assert not TorchAttention(bf16, native_decode=False).native_decode
+    assert not TorchAttention(f16).native_decode
     with pytest.raises(ValueError, match="not available"):
-        TorchAttention(f32, native_decode=True)
+        TorchAttention(f16, native_decode=True)
 
 
 @pytest.fixture

@@ -95,6 +95,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
             keep_module=not args.skip_transformers,
         )
         core = build_core(bundle, config)
+        print(f"{dtype}: {bundle.quantization or 'unquantized'} weights", flush=True)
         module = bundle.loaded.module
         if module is not None:
             module = module.to(bundle.runner.device)

@@ -129,9 +129,9 @@ def add_serve_bench_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--baseline-dtype", default="auto", help="dtype for --engine-baseline")
     o.add_argument(
         "--baseline-quantization",
-        default=None,
-        choices=["int8", "int4"],
-        help="quantization for --engine-baseline (match the server's)",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="quantization for --engine-baseline (match the server's; default auto, as the server's)",
     )
     o.add_argument(
         "--paired-rounds",
@@ -330,7 +330,7 @@ class EngineBaseline:
         dtype: str,
         max_batch: int,
         max_seq_tokens: int,
-        quantization: str | None = None,
+        quantization: str | None = "auto",
     ) -> None:
         from sluiceway.config import EngineConfig, ModelConfig
         from sluiceway.model_engine import build_core, load_bundle_on_thread
@@ -351,6 +351,7 @@ class EngineBaseline:
         self.core = build_core(bundle, config)
         self.vocab = bundle.loaded.hf_config.vocab_size
         self.dtype = str(bundle.loaded.dtype).removeprefix("torch.")
+        self.quantization = bundle.quantization
         self.thread.call(lambda: self.measure(2, 8, 4))  # warm-up
 
     def measure(self, batch: int, prompt_tokens: int, output_tokens: int) -> float:
@@ -399,7 +400,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         config["engine_baseline"] = {
             "model": args.baseline_model,
             "dtype": baseline.dtype,
-            "quantization": args.baseline_quantization,
+            "quantization": baseline.quantization,
+            "quantization_requested": args.baseline_quantization,
             "prompt_tokens": "the mean prompt tokens the server last reported (usage), random ids",
             "timing": "before and after each level, as many batches as the level has rounds "
             f"(at most {_MAX_BASELINE_ROUNDS}); engine_tok_s is their mean",

@@ -40,7 +40,9 @@ class ModelLoadError(Exception):
 class LoadedModel:
     """Everything the server needs from a model. `module` is the transformers model
     (weights already in `dtype`); the runner builds its own fused weights from its
-    state dict, and the module can be dropped (`loaded.module = None`) after that."""
+    state dict, and the module can be dropped (`loaded.module = None`) after that.
+    `gguf_path` is the GGUF file the weights came from (None: a Hugging Face
+    directory), whose stored tensor types decide `--quantization auto`."""
 
     name: str
     hf_config: Any
@@ -49,6 +51,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     max_model_len: int
     module: Any = None
+    gguf_path: Path | None = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.module is None:
@@ -280,4 +283,5 @@ def load_model(model: str | None, dtype: str = "auto", progress: bool = True) ->
         eos_token_ids=_eos_ids(config, module),
         max_model_len=_max_model_len(config),
         module=module,
+        gguf_path=None if gguf is None else directory / gguf,
     )

@@ -16,8 +16,10 @@
  *   caches        [num_blocks, block_size, KVH, D]
  *   block_tables  int32 [B, max_blocks]
  *   seq_lens      int32 [B]
- * Elements are bfloat16, passed as uint16_t bit patterns; all arithmetic is float32.
- * Two implementations: portable C (any head_dim up to 256), and, where the compiler
+ * Elements are bfloat16, passed as uint16_t bit patterns, or float32 (`paged_decode_f32`,
+ * the cache of a float32 model on a CPU without bfloat16); all arithmetic is float32.
+ * Two implementations: portable C (any head_dim up to 256, both element types), and,
+ * for bfloat16 where the compiler
  * targets AVX512-BF16, one specialised for head_dim 64 or 128 and up to 8 query
  * heads per KV head (2x faster here: 129 vs 235 us for 32 sequences of 128 tokens,
  * 9 heads over 3).
@@ -74,28 +76,43 @@ typedef struct {
     float *total; /* [group] */
 } Partial;
 
-static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
-                               const uint16_t *v_cache, const int32_t *table, int64_t begin,
-                               int64_t end, Partial part, int64_t b, int64_t kvh,
-                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                               int64_t block_size, float scale, float *scores) {
+/* `n` elements at `src` (bfloat16 bit patterns, or float32 when `f32`) as float32. */
+static inline void load_row(float *dst, const void *src, int64_t n, int f32) {
+    if (f32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t d = 0; d < n; ++d) dst[d] = bf16_to_float(h[d]);
+}
+
+/* Element `i` of `base` (bfloat16 or float32), as a pointer. */
+static inline const void *elem(const void *base, int64_t i, int f32) {
+    return (const char *)base + i * (f32 ? 4 : 2);
+}
+
+static inline void decode_span(const void *q, const void *k_cache, const void *v_cache,
+                               const int32_t *table, int64_t begin, int64_t end, Partial part,
+                               int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t head_dim, int64_t block_size, float scale, float *scores,
+                               int f32) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t row_stride = num_kv_heads * head_dim; /* between slots, in elements */
     const int64_t len = end - begin;
     float qf[MAX_GROUP][MAX_HEAD_DIM];
     float row[MAX_HEAD_DIM];
     for (int64_t g = 0; g < group; ++g) {
-        const uint16_t *src = q + (b * num_heads + kvh * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) qf[g][d] = bf16_to_float(src[d]) * scale;
+        load_row(qf[g], elem(q, (b * num_heads + kvh * group + g) * head_dim, f32), head_dim, f32);
+        for (int64_t d = 0; d < head_dim; ++d) qf[g][d] *= scale;
         for (int64_t d = 0; d < head_dim; ++d) part.acc[g * head_dim + d] = 0.0f;
         part.top[g] = -INFINITY;
     }
     /* Scores, a block's run of slots at a time (no division per token). */
     for (int64_t t = begin, n, slot; t < end; t += n) {
         n = block_run(table, t, end, block_size, &slot);
-        const uint16_t *key = k_cache + slot * row_stride + kvh * head_dim;
-        for (int64_t i = 0; i < n; ++i, key += row_stride) {
-            for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(key[d]);
+        const int64_t first = slot * row_stride + kvh * head_dim;
+        for (int64_t i = 0; i < n; ++i) {
+            load_row(row, elem(k_cache, first + i * row_stride, f32), head_dim, f32);
             for (int64_t g = 0; g < group; ++g) {
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -108,9 +125,9 @@ static inline void decode_span(const uint16_t *q, const uint16_t *k_cache,
     softmax_rows(scores, len, group, part.top, part.total);
     for (int64_t t = begin, n, slot; t < end; t += n) {
         n = block_run(table, t, end, block_size, &slot);
-        const uint16_t *value = v_cache + slot * row_stride + kvh * head_dim;
-        for (int64_t i = 0; i < n; ++i, value += row_stride) {
-            for (int64_t d = 0; d < head_dim; ++d) row[d] = bf16_to_float(value[d]);
+        const int64_t first = slot * row_stride + kvh * head_dim;
+        for (int64_t i = 0; i < n; ++i) {
+            load_row(row, elem(v_cache, first + i * row_stride, f32), head_dim, f32);
             for (int64_t g = 0; g < group; ++g) {
                 const float w = scores[g * len + t - begin + i];
                 float *acc = part.acc + g * head_dim;
@@ -217,9 +234,10 @@ static int decode_span_fast(const uint16_t *q, const uint16_t *k_cache, const ui
 #endif
 
 /* Merge the `parts` partial results of one pair (each for `group` heads) and write
- * the bfloat16 attention of its query heads to `out` ([group, head_dim]). */
+ * the attention of its query heads to `out` ([group, head_dim], bfloat16, or float32
+ * when `f32`). */
 static void finish_pair(const float *acc, const float *top, const float *total, int64_t parts,
-                        int64_t group, int64_t head_dim, uint16_t *out) {
+                        int64_t group, int64_t head_dim, void *out, int f32) {
     for (int64_t g = 0; g < group; ++g) {
         float m = -INFINITY;
         for (int64_t p = 0; p < parts; ++p) m = top[p * group + g] > m ? top[p * group + g] : m;
@@ -234,7 +252,13 @@ static void finish_pair(const float *acc, const float *top, const float *total, 
             for (int64_t d = 0; d < head_dim; ++d) merged[d] += w * a[d];
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int64_t d = 0; d < head_dim; ++d) out[g * head_dim + d] = float_to_bf16(merged[d] * inv);
+        if (f32) {
+            float *o = (float *)out + g * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] = merged[d] * inv;
+        } else {
+            uint16_t *o = (uint16_t *)out + g * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] = float_to_bf16(merged[d] * inv);
+        }
     }
 }
 
@@ -256,12 +280,14 @@ static int64_t spans_per_context(int64_t pairs, int num_threads, int64_t longest
  * MAX_HEAD_DIM, more than MAX_GROUP query heads per KV head, heads not a multiple of
  * KV heads), 2 when scratch memory could not be allocated. `portable` = 1 skips the
  * AVX512-BF16 path (so tests can check both on one machine); `spans` > 0 forces
- * that many spans per context (for tests), 0 chooses. */
-static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
-                        uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t head_dim, int64_t block_size, float scale, int num_threads,
-                        int portable, int64_t spans) {
+ * that many spans per context (for tests), 0 chooses. `f32`: every tensor but the
+ * tables holds float32, not bfloat16 (the portable path only). */
+static int paged_decode_any(const void *q, const void *k_cache, const void *v_cache,
+                            const int32_t *block_tables, int64_t max_blocks,
+                            const int32_t *seq_lens, void *out, int64_t num_seqs,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                            int64_t block_size, float scale, int num_threads, int portable,
+                            int64_t spans, int f32) {
     if (num_kv_heads < 1 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > MAX_GROUP)
         return 1;
@@ -311,13 +337,13 @@ static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16
             }
             const int32_t *table = block_tables + b * max_blocks;
 #ifdef __AVX512BF16__
-            if (!portable && decode_span_fast(q, k_cache, v_cache, table, begin, end, part, b, kvh,
-                                              num_heads, num_kv_heads, head_dim, block_size,
-                                              scale, scores))
+            if (!portable && !f32 &&
+                decode_span_fast(q, k_cache, v_cache, table, begin, end, part, b, kvh, num_heads,
+                                 num_kv_heads, head_dim, block_size, scale, scores))
                 continue;
 #endif
             decode_span(q, k_cache, v_cache, table, begin, end, part, b, kvh, num_heads,
-                        num_kv_heads, head_dim, block_size, scale, scores);
+                        num_kv_heads, head_dim, block_size, scale, scores, f32);
         }
         /* The implicit barrier above: every span is done before any pair merges. */
 #pragma omp for schedule(static)
@@ -325,12 +351,34 @@ static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16
             const int64_t first = pair * spans;
             finish_pair(acc_all + first * group * head_dim, top_all + first * group,
                         total_all + first * group, spans, group, head_dim,
-                        out + pair * group * head_dim);
+                        (char *)out + pair * group * head_dim * (f32 ? 4 : 2), f32);
         }
     }
     free(scores_all);
     free(scratch);
     return 0;
+}
+
+/* Decode attention over a bfloat16 cache (also what `decode_one.c` calls). */
+static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                        const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
+                        uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_dim, int64_t block_size, float scale, int num_threads,
+                        int portable, int64_t spans) {
+    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
+                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                            num_threads, portable, spans, 0);
+}
+
+/* Decode attention over a float32 cache; see the top of this file for layouts. */
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+                     const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
+                     float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                     int64_t head_dim, int64_t block_size, float scale, int num_threads,
+                     int portable, int64_t spans) {
+    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
+                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                            num_threads, portable, spans, 1);
 }
 
 /* Decode attention over a bfloat16 cache; see the top of this file for layouts. */

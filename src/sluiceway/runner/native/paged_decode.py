@@ -3,7 +3,11 @@
 `TorchAttention` otherwise gathers every decode sequence's blocks into a padded
 batch and runs SDPA on it, for every layer of every step; this reads each
 sequence's own slots in place and does work proportional to its real length.
-bfloat16 caches only (the CPU default); other dtypes keep the torch path.
+bfloat16 caches (the default on a CPU with bfloat16) and float32 caches (the
+default elsewhere: at 4,096 tokens of context the gather + SDPA path spent 1.5x
+as long per layer as this kernel at one sequence and at eight,
+`benchmarks/attention_context.py`, see docs/benchmarks.md); float16 keeps the
+torch path.
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ _ARGTYPES = (
 )
 
 
-def _function():
-    return bind("paged_decode", "paged_decode_bf16", _ARGTYPES, ctypes.c_int)
+_SYMBOLS = {torch.bfloat16: "paged_decode_bf16", torch.float32: "paged_decode_f32"}
+
+
+def _function(dtype: torch.dtype = torch.bfloat16):
+    return bind("paged_decode", _SYMBOLS[dtype], _ARGTYPES, ctypes.c_int)
 
 
 def native_decode_available(cache_dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether `paged_decode` can serve a cache of this dtype on this device here
-    (compiles the kernel on first call)."""
-    return cache_dtype == torch.bfloat16 and device.type == "cpu" and _function() is not None
+    """Whether `paged_decode` can serve a cache of this dtype (bfloat16 or float32)
+    on this device here (compiles the kernel on first call)."""
+    return cache_dtype in _SYMBOLS and device.type == "cpu" and _function(cache_dtype) is not None
 
 
 def native_decode_takes(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -57,21 +64,24 @@ def paged_decode(
     spans: int = 0,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its cached context: `q [B, H, D]`,
-    caches `[num_blocks, block_size, KVH, D]` (all bfloat16, on the CPU),
+    caches `[num_blocks, block_size, KVH, D]` (all bfloat16, or all float32, on the CPU),
     `block_tables` int32 `[B, max_blocks]`, `seq_lens` int32 `[B]` (each at least 1
     and covered by its table; with `max_seq_len`, the longest, that is checked against
-    the tables' width, the block ids themselves are trusted). Returns `[B, H, D]` bfloat16. `portable` skips the
+    the tables' width, the block ids themselves are trusted). Returns `[B, H, D]` in
+    q's dtype. `portable` skips the
     AVX512-BF16 path where it was compiled in (for tests); `spans` > 0 cuts every
     context into that many parts merged afterwards (for tests; 0 lets the kernel
     cut contexts only when there are too few sequences to keep every thread busy).
     Runs to completion once
     called: it holds no Python state and releases the GIL while it runs."""
-    fn = _function()
+    if q.dtype not in _SYMBOLS:
+        raise ValueError("q must be bfloat16 or float32")
+    for name, tensor in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if tensor.dtype != q.dtype or tensor.device.type != "cpu":
+            raise ValueError(f"{name} must be a {q.dtype} CPU tensor, as q")
+    fn = _function(q.dtype)
     if fn is None:
         raise RuntimeError("the native paged_decode kernel is not available here")
-    for name, tensor in (("q", q), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if tensor.dtype != torch.bfloat16 or tensor.device.type != "cpu":
-            raise ValueError(f"{name} must be a bfloat16 CPU tensor")
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("block_tables and seq_lens must be int32")
     num_seqs, num_heads, head_dim = q.shape

