@@ -78,6 +78,7 @@ def test_openai_tools_with_each_tool_choice(oai: openai.OpenAI, tool_choice: obj
         messages=ask(),
         tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
         tool_choice=tool_choice,  # type: ignore[arg-type]
+        parallel_tool_calls=False,  # one call: the small model would repeat it to max_tokens
         temperature=0,
         max_tokens=MAX_TOKENS if tool_choice != "none" else 16,
     )
@@ -97,7 +98,16 @@ def test_openai_tools_with_each_tool_choice(oai: openai.OpenAI, tool_choice: obj
 
 
 def test_openai_streamed_tool_call_reassembles(oai: openai.OpenAI) -> None:
-    kwargs = dict(model=MODEL, messages=ask(), tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=MAX_TOKENS)
+    # One call: left free, the small model calls again and again until max_tokens.
+    kwargs = dict(
+        model=MODEL,
+        messages=ask(),
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+    )
     whole = oai.chat.completions.create(**kwargs).choices[0].message.tool_calls  # type: ignore[call-overload]
     calls: dict[int, dict[str, str]] = {}
     finish = None
