@@ -157,8 +157,7 @@ def chat_constraint(
         raise invalid_request(
             "With 'tools', 'structured_outputs' may only ask for JSON.", param
         )
-    as_openai = tuple(protocol.Tool(t.type, t.function) for t in tools)
-    use = ToolUse(tuple(_tool_dict(t) for t in as_openai), parse_calls=True)
+    use = ToolUse(tuple(_tool_dict(t) for t in tools), parse_calls=True)
     parallel = wire.parallel_tool_calls is not False
     if isinstance(choice, protocol.NamedToolChoice):
         name = choice.function.name

@@ -38,17 +38,20 @@ class TokenMasks:
     `wait()` gives an int32 array `[len(rows), ceil(vocab / 32)]`, bit `t % 32` of
     word `t // 32` set where token t is allowed."""
 
-    def __init__(self, rows: Sequence[int], future: concurrent.futures.Future[np.ndarray]) -> None:
+    def __init__(
+        self, rows: Sequence[int], future: concurrent.futures.Future[tuple[np.ndarray, float]]
+    ) -> None:
         self.rows = tuple(rows)
         self._future = future
-        self.fill_seconds = 0.0  # how long the fill took (on its own thread)
+        self.fill_seconds = 0.0  # how long the fill took (on its own thread), once waited
         self.wait_seconds = 0.0  # how long `wait` blocked: the part the model did not hide
 
     def wait(self) -> np.ndarray:
         """Block until the fill is done; raises what the fill raised."""
         start = time.perf_counter()
         try:
-            return self._future.result()
+            bitmask, self.fill_seconds = self._future.result()
+            return bitmask
         finally:
             self.wait_seconds += time.perf_counter() - start
 
@@ -60,13 +63,10 @@ def start_fill(rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenMasks:
     matchers = [(matcher.raw, i) for i, (_, matcher) in enumerate(rows)]
     vocab_size = rows[0][1].vocab_size
 
-    def fill() -> np.ndarray:
+    def fill() -> tuple[np.ndarray, float]:
         start = time.perf_counter()
         bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), vocab_size)
         llguidance.numpy.fill_next_token_bitmask_par(executor, matchers, bitmask)
-        masks.fill_seconds = time.perf_counter() - start
-        return bitmask
+        return bitmask, time.perf_counter() - start
 
-    masks = TokenMasks([row for row, _ in rows], concurrent.futures.Future())
-    masks._future = thread.submit(fill)
-    return masks
+    return TokenMasks([row for row, _ in rows], thread.submit(fill))
