@@ -67,8 +67,11 @@ async def test_json_schema_with_n4_gives_four_valid_outputs(client: httpx.AsyncC
 
 
 async def test_json_object_and_vllm_fields_on_both_endpoints(client: httpx.AsyncClient) -> None:
-    r = await client.post(C, json=chat("x", max_tokens=300, response_format={"type": "json_object"}))
-    assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), dict)
+    # Seeded: an unseeded random walk can stay inside one string until max_tokens cuts it.
+    body = chat("x", max_tokens=300, seed=3, response_format={"type": "json_object"})
+    choice = (await client.post(C, json=body)).json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    assert isinstance(json.loads(choice["message"]["content"]), dict)
     r = await client.post(
         X, json=completion("x", max_tokens=50, structured_outputs={"choice": ["left", "right"]})
     )
@@ -153,7 +156,7 @@ async def test_a_conversation_continues_after_a_tool_call(client: httpx.AsyncCli
 
 async def test_disconnect_mid_way_frees_matchers_and_blocks(grammar_server: RunningServer) -> None:
     engine = grammar_server.state.engine
-    body = chat("records", n=4, max_tokens=2000, response_format=schema_format({"type": "array", "items": RECORD}))
+    body = chat("records", n=4, seed=4, max_tokens=2000, response_format=schema_format({"type": "array", "items": RECORD}))
     raw = await RawStream.post(grammar_server.url, C, body | {"stream": True})
     await raw.read_until(lambda data: b"data: " in data)
     await eventually(lambda: engine.stats().num_constrained_seqs == 4)
