@@ -7,8 +7,10 @@ Every variant scores the same tokens with teacher forcing (one runner forward
 over the whole text, logits for every position). Reports perplexity, the mean
 KL divergence from float32's next-token distribution, and how often the variant's
 argmax equals float32's. Variants `int8` and `int4` are bfloat16 with that
-quantization; the quantized kernels serve batches of up to 8 rows, so the text is
-scored 8 tokens at a time to measure the kernels the server uses for few streams.
+quantization, `float32+int8` and `float32+int4` float32 with it (the path a CPU
+without bfloat16 serves); the quantized kernels serve batches of up to 8 rows, so
+the text is scored 8 tokens at a time to measure the kernels the server uses for
+few streams.
 """
 
 from __future__ import annotations
@@ -77,11 +79,17 @@ def main() -> None:
 
     want = score(runner_for(reference), ids, len(ids))
     rows = [("float32", want)]
-    half = load_model(None, "bfloat16", progress=False)
+    models = {"float32": reference}
     for variant in args.variants.split(","):
-        quantization = None if variant == "bfloat16" else variant
-        step_rows = len(ids) if quantization is None else QUANTIZED_MAX_ROWS
-        rows.append((variant, score(runner_for(half, quantization), ids, step_rows)))
+        dtype, _, quantization = variant.rpartition("+")
+        if variant == "bfloat16":
+            dtype, quantization = "bfloat16", ""
+        dtype = dtype or "bfloat16"
+        if dtype not in models:
+            models[dtype] = load_model(None, dtype, progress=False)
+        step_rows = QUANTIZED_MAX_ROWS if quantization else len(ids)
+        runner = runner_for(models[dtype], quantization or None)
+        rows.append((variant, score(runner, ids, step_rows)))
     print(f"{len(targets)} scored tokens of a fixed English text, default model")
     print("| variant | perplexity | KL from float32 (nats/token) | argmax = float32 |")
     print("|---|---:|---:|---:|")

@@ -76,7 +76,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "none", "int8", "int4"],
         help="CPU only: weight-only quantized linears, much faster for a few streams; changes "
         "outputs. auto (default): int4 or int8 for a GGUF stored 4-8-bit where the native "
-        "kernels run (bfloat16 on AVX512-BF16), else none; the start-up log says which and why",
+        "kernels run (bfloat16 on AVX512-BF16, float32 on AVX2), else none; the start-up log "
+        "says which and why",
     )
     group.add_argument(
         "--enforce-eager",

@@ -53,7 +53,8 @@ def test_default_model_greedy_matches_generate(loaded, greedy_driver_cls, hf_gre
 
 def test_the_default_is_served_on_int4_where_it_is_fast_and_says_why(caplog):
     """The default model's layers are stored Q4_1, so the default (auto) serves them
-    on int4 where the native kernels run (bfloat16 on AVX512-BF16), unquantized
+    on int4 where the native kernels run (bfloat16 on AVX512-BF16, float32 on AVX2),
+    unquantized
     elsewhere; the start-up log names the path and the stored type either way."""
     from sluiceway.config import EngineConfig, ModelConfig
     from sluiceway.model_engine import load_bundle

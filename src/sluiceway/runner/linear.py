@@ -29,6 +29,15 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from sluiceway.runner.native.quantized_matmul_f32 import (
+    MAX_ROWS as F32_KERNEL_MAX_ROWS,
+)
+from sluiceway.runner.native.quantized_matmul_f32 import (
+    int4_matmul_f32,
+    int8_matmul_f32,
+    pack_int4_f32,
+    quantized_matmul_f32_available,
+)
 from sluiceway.runner.native.quantized_matvec import (
     int4_matvec,
     int4_matvec_available,
@@ -81,8 +90,13 @@ class Int8Weight:
         return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            # One row (decode at batch 1): the native kernel where it takes it.
+        # Decode rows: the native kernel where it takes them (bfloat16 at one row,
+        # float32 at up to eight), torch's otherwise.
+        if x.dtype is torch.float32 and x.shape[0] <= F32_KERNEL_MAX_ROWS:
+            y = int8_matmul_f32(x, self.q, self.scales)
+            if y is not None:
+                return y
+        elif x.shape[0] == 1:
             y = int8_matvec(x, self.q, self.scales)
             if y is not None:
                 return y
@@ -96,10 +110,12 @@ class Int4Weight:
     where the offset sits).
 
     Packed for `torch.ops.aten._weight_int4pack_mm_for_cpu` (`packed` with
-    `scales_and_offsets`) and, for bfloat16 where the native `int4_matvec` is
-    available, in its layout as well (`native`): it serves calls of one row (1.07x
-    faster whole batch-1 steps, see `native/quantized_matvec.c`), torch's kernel the rest.
-    Both compute with the same weight values."""
+    `scales_and_offsets`) and, where a native kernel serves the dtype, in its layout
+    as well (`native`): for bfloat16 with AVX512-BF16, `int4_matvec` serves calls of
+    one row (1.07x faster whole batch-1 steps, see `native/quantized_matvec.c`); for
+    float32 with AVX2, `int4_matmul_f32` serves calls of up to eight rows (torch's
+    kernel is several times slower than a dense float32 product there). torch's
+    kernel serves the rest. All compute with the same weight values."""
 
     packed: torch.Tensor  # uint8, torch's layout
     scales_and_offsets: torch.Tensor  # [in // group_size, out, 2], the activation dtype
@@ -129,13 +145,11 @@ class Int4Weight:
         dequantized = ((q - 8.0) * scale + offset).reshape(out_features, in_features)
         q_rows = q.to(torch.int32).reshape(out_features, in_features)
         native = None
-        if (
-            weight.dtype == torch.bfloat16
-            and group_size == 32
-            and weight.device.type == "cpu"
-            and int4_matvec_available(in_features)
-        ):
-            native = pack_int4(q_rows, scale[..., 0], offset[..., 0])
+        if group_size == 32 and weight.device.type == "cpu" and in_features % 64 == 0:
+            if weight.dtype == torch.bfloat16 and int4_matvec_available(in_features):
+                native = pack_int4(q_rows, scale[..., 0], offset[..., 0])
+            elif weight.dtype == torch.float32 and quantized_matmul_f32_available():
+                native = pack_int4_f32(q_rows, scale[..., 0], offset[..., 0])
         packed = cls(
             packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_rows, 1),
             scales_and_offsets=sz.transpose(0, 1).contiguous().to(weight.dtype),
@@ -145,8 +159,11 @@ class Int4Weight:
         return packed, dequantized
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.shape[0] == 1:
-            y = int4_matvec(x, self.native)
+        if self.native is not None:
+            if x.dtype is torch.float32:
+                y = int4_matmul_f32(x, self.native)
+            else:
+                y = int4_matvec(x, self.native) if x.shape[0] == 1 else None
             if y is not None:
                 return y
         return torch.ops.aten._weight_int4pack_mm_for_cpu(

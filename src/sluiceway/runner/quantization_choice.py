@@ -11,11 +11,13 @@ the other 4-bit types closely; 6- and 8-bit types on int8. Float weights
 CUDA, where the quantized kernels do not run.
 
 The quantized path is only fast where the native kernels serve it: bfloat16
-activations on a CPU with AVX512-BF16 (`native/quantized_matvec.c`). Elsewhere
-the weight-only products fall back to torch's `_weight_int4pack_mm_for_cpu` and
-`_weight_int8pack_mm`, which in float32 on an AVX2-only CPU took 8 to 20 times as
-long per call as the float32 product they replace (`benchmarks/linear_paths.py`,
-see docs/benchmarks.md). So there "auto" keeps the weights unquantized and says why.
+activations on a CPU with AVX512-BF16 (`native/quantized_matvec.c`), or float32
+activations on a CPU with AVX2 and FMA (`native/quantized_matmul_f32.c`).
+Elsewhere the weight-only products fall back to torch's
+`_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm`, which in float32 on an
+AVX2-only CPU took 8 to 20 times as long per call as the float32 product they
+replace (`benchmarks/linear_paths.py`, see docs/benchmarks.md). So there "auto"
+keeps the weights unquantized and says why.
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def path_for_type(type_name: str) -> str | None:
 
 
 _NO_NATIVE = (
-    "the native int4/int8 kernels need bfloat16 on an AVX512-BF16 CPU; torch's fallback "
-    "is several times slower than unquantized here"
+    "the native int4/int8 kernels need bfloat16 on an AVX512-BF16 CPU or float32 on an "
+    "AVX2+FMA CPU; torch's fallback is several times slower than unquantized here"
 )
 
 
@@ -119,8 +121,13 @@ def choose_quantization(
 
 
 def native_quantized_kernels(dtype: torch.dtype, device: str) -> bool:
-    """Whether the native int4/int8 matrix-vector kernels serve a model in `dtype` on
-    `device` here (compiles them on first call)."""
+    """Whether the native int4/int8 kernels serve a model in `dtype` on `device` here
+    (compiles them on first call): bfloat16 with AVX512-BF16, float32 with AVX2."""
+    from sluiceway.runner.native.quantized_matmul_f32 import quantized_matmul_f32_available
     from sluiceway.runner.native.quantized_matvec import int8_matvec_available
 
-    return device == "cpu" and dtype == torch.bfloat16 and int8_matvec_available(32)
+    if device != "cpu":
+        return False
+    if dtype == torch.bfloat16:
+        return int8_matvec_available(32)
+    return dtype == torch.float32 and quantized_matmul_f32_available()

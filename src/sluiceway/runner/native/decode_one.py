@@ -38,10 +38,14 @@ def _function():
 
 def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
     """`(bits, weight, int8 row scales or None)` of a projection the C step takes:
-    int4 with the native packing, or int8 with bfloat16 scales over whole groups of
-    32 inputs; None for anything else."""
+    int4 with the bfloat16 kernel's packing, or int8 with bfloat16 scales over whole
+    groups of 32 inputs; None for anything else (float32 models' packing included)."""
     quantized = linear.quantized
-    if isinstance(quantized, Int4Weight) and quantized.native is not None:
+    if (
+        isinstance(quantized, Int4Weight)
+        and quantized.native is not None
+        and linear.dtype == torch.bfloat16
+    ):
         return 4, quantized.native, None
     if (
         isinstance(quantized, Int8Weight)

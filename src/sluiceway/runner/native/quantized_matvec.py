@@ -56,16 +56,23 @@ def int8_matvec_available(in_features: int) -> bool:
     return in_features % 32 == 0 and _lib() is not None
 
 
-def pack_int4(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The kernel's layout, `uint8 [out, in / 2 + 4 * (in / 32)]`, of the weight
-    `(q - 8) * scales + offsets`: `q` integers 0..15 `[out, in]`, `scales` and
-    `offsets` bfloat16 values `[out, in / 32]`."""
+def pack_int4(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The kernel's layout, `uint8 [out, in / 2 + 2 * dtype size * (in / 32)]`: `q`
+    integers 0..15 `[out, in]` as nibbles, then each row's `scales` and `offsets`
+    `[out, in / 32]` stored in `dtype`. This kernel reads bfloat16 ones as the weight
+    `(q - 8) * scales + offsets`; `quantized_matmul_f32` reads float32 ones as
+    `q * scales + offsets`."""
     out_features, in_features = q.shape
     if in_features % 64:
         raise ValueError(f"int4_matvec needs input features divisible by 64, not {in_features}")
     nibbles = q.to(torch.uint8).view(out_features, -1, 2, 32)  # [out, in / 64, half, 32]
     packed = nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)
-    tail = torch.cat([scales, offsets], dim=1).to(torch.bfloat16).view(torch.uint8)
+    tail = torch.cat([scales, offsets], dim=1).to(dtype).view(torch.uint8)
     return torch.cat([packed.reshape(out_features, -1), tail], dim=1).contiguous()
 
 
