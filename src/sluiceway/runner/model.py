@@ -184,9 +184,12 @@ class LlamaModel:
         ]
         inv_freq, self.rope_scaling = rope_frequencies(config)
         self.inv_freq = inv_freq.to(self.device)
-        # RMSNorm, residual adds and SiLU-and-multiply: C kernels for bfloat16 on the
-        # CPU (`native_ops` as in `layer_ops_for`), torch ops otherwise.
-        self.ops = layer_ops_for(dtype, self.device, native_ops)
+        # RMSNorm, residual adds and SiLU-and-multiply: C kernels on the CPU for
+        # bfloat16, and for float32 when quantized (unquantized float32 keeps torch's
+        # ops, exactly what transformers computes), as `layer_ops_for` says.
+        self.ops = layer_ops_for(
+            dtype, self.device, native_ops, exact_float32=quantization is None
+        )
         # Steps of one sequence and one token run every layer in one C call where
         # the weights allow (`OneTokenDecode`); False keeps the Python layer loop.
         self.fuse_one_token_steps = True

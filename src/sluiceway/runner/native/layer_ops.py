@@ -1,11 +1,12 @@
 """The elementwise ops of a decoder layer (RMSNorm, residual add + RMSNorm,
 SiLU-and-multiply, RoPE with the KV-cache store): `TorchLayerOps` in torch,
-`NativeLayerOps` in C for bfloat16 on the CPU, where each is one pass instead of
-several ops and temporaries (at batch 1 an RMSNorm of 576 goes from 11 us to about
-2 us, most of it the call itself).
+`NativeLayerOps` in C on the CPU, where each is one pass instead of several ops and
+temporaries (at batch 1 an RMSNorm of 576 goes from 11 us to about 2 us in
+bfloat16, most of it the call itself; float32's exact RMSNorm takes eight torch ops).
 
-Both promise the same results up to bfloat16 rounding; `TorchLayerOps` is the exact
-reference (float32 stays bit-for-bit what transformers computes).
+Both promise the same results up to rounding; `TorchLayerOps` is the exact
+reference (float32 stays bit-for-bit what transformers computes), so float32 takes
+the native ops only where that parity is not promised anyway: quantized models.
 """
 
 from __future__ import annotations
@@ -104,28 +105,34 @@ class TorchLayerOps:
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 
-class NativeLayerOps:
-    """The C kernels in `layer_ops.c`, for contiguous bfloat16 CPU tensors (anything
-    else goes to `TorchLayerOps`). Calls release the GIL and run to completion."""
+_SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._rms = lib.rms_norm_bf16
+
+class NativeLayerOps:
+    """The C kernels in `layer_ops.c`, for contiguous CPU tensors of `dtype` (bfloat16
+    or float32; anything else goes to `TorchLayerOps`). Calls release the GIL and run
+    to completion."""
+
+    def __init__(self, lib: ctypes.CDLL, dtype: torch.dtype = torch.bfloat16) -> None:
+        suffix = _SUFFIXES[dtype]
+        self.dtype = dtype
+        self._rms = getattr(lib, f"rms_norm_{suffix}")
         self._rms.argtypes, self._rms.restype = [_P, _P, _P, _I, _I, _F, _N], None
-        self._add_rms = lib.add_rms_norm_bf16
+        self._add_rms = getattr(lib, f"add_rms_norm_{suffix}")
         self._add_rms.argtypes, self._add_rms.restype = [_P, _P, _P, _P, _I, _I, _F, _N], None
-        self._silu_mul = lib.silu_mul_bf16
+        self._silu_mul = getattr(lib, f"silu_mul_{suffix}")
         self._silu_mul.argtypes, self._silu_mul.restype = [_P, _P, _I, _I, _N], None
-        self._rope_cache = lib.rope_cache_bf16
+        self._rope_cache = getattr(lib, f"rope_cache_{suffix}")
         self._rope_cache.argtypes = [_P] * 7 + [_I] * 5 + [_N]
         self._rope_cache.restype = _N
         self._fallback = TorchLayerOps()
 
-    @staticmethod
-    def _takes(*tensors: torch.Tensor) -> bool:
+    def _takes(self, *tensors: torch.Tensor) -> bool:
         # A plain loop and `is_cpu`: this runs three times per layer per step, and
         # the generator with `device.type` cost 1.6 us a call against 0.6 us.
+        dtype = self.dtype
         for t in tensors:
-            if t.dtype is not torch.bfloat16 or not t.is_cpu or not t.is_contiguous():
+            if t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
                 return False
         return True
 
@@ -223,12 +230,26 @@ class NativeLayerOps:
         return q, kv[:, :num_kv_heads], kv[:, num_kv_heads:]
 
 
-def layer_ops_for(dtype: torch.dtype, device: torch.device, native: bool | None = None) -> LayerOps:
-    """`NativeLayerOps` for bfloat16 on the CPU where the kernels build (`native` None:
-    where available; False: never; True: required, ValueError otherwise), else
-    `TorchLayerOps`."""
-    wanted = native is not False and dtype == torch.bfloat16 and device.type == "cpu"
+def layer_ops_for(
+    dtype: torch.dtype,
+    device: torch.device,
+    native: bool | None = None,
+    *,
+    exact_float32: bool = True,
+) -> LayerOps:
+    """`NativeLayerOps` on the CPU where the kernels build, for bfloat16, and for
+    float32 unless `exact_float32` (which keeps float32 bit-for-bit what transformers
+    computes); else `TorchLayerOps`. `native` None: where available; False: never;
+    True: required, ValueError otherwise."""
+    wanted = (
+        native is not False
+        and device.type == "cpu"
+        and (dtype == torch.bfloat16 or (dtype == torch.float32 and not exact_float32))
+    )
     lib = load_library("layer_ops") if wanted else None
     if native and lib is None:
-        raise ValueError("native layer ops need bfloat16 on a CPU with the kernels built")
-    return TorchLayerOps() if lib is None else NativeLayerOps(lib)
+        raise ValueError(
+            "native layer ops need a CPU with the kernels built, and bfloat16 (or float32 "
+            "where exact parity is not asked for)"
+        )
+    return TorchLayerOps() if lib is None else NativeLayerOps(lib, dtype)
