@@ -74,14 +74,14 @@ def _context(topic: str, words: int) -> str:
 
 
 def _replicas(
-    args: argparse.Namespace, tokenizer: str, logs: Path, policy: str
+    args: argparse.Namespace, tokenizer: str, logs: Path, policy: str, kv_blocks: int
 ) -> list[ServerProcess]:
     if args.real:
         flags = ["--served-model-name", MODEL, "--kv-events-config", LOOPBACK_KV_EVENTS]
-        flags += ["--num-kv-blocks", str(args.kv_blocks), *args.replica_flag]
+        flags += ["--num-kv-blocks", str(kv_blocks), *args.replica_flag]
         pair = [ServerProcess.sluiceway(flags, logs / f"{policy}-replica{i}.log") for i in range(2)]
     else:
-        flags = ["--kv-events-config", LOOPBACK_KV_EVENTS, "--num-kv-blocks", str(args.kv_blocks)]
+        flags = ["--kv-events-config", LOOPBACK_KV_EVENTS, "--num-kv-blocks", str(kv_blocks)]
         flags += args.replica_flag
         pair = [
             ServerProcess.fake(tokenizer, flags, logs / f"{policy}-replica{i}.log")
@@ -151,11 +151,12 @@ async def _conversations(url: str, args: argparse.Namespace, seed: int) -> tuple
 
 
 def run_policy(
-    policy: str, seed: int, args: argparse.Namespace, tokenizer: str, logs: Path
+    policy: str, seed: int, kv_blocks: int, args: argparse.Namespace, tokenizer: str, logs: Path
 ) -> dict[str, Any]:
-    """One policy over fresh replicas: requests, prompt and cached tokens, the share."""
-    tag = f"{policy}-seed{seed}"
-    replicas = _replicas(args, tokenizer, logs, tag)
+    """One policy over fresh replicas with `kv_blocks` each: requests, prompt and
+    cached tokens, the share."""
+    tag = f"{policy}-seed{seed}-kv{kv_blocks}"
+    replicas = _replicas(args, tokenizer, logs, tag, kv_blocks)
     try:
         urls = [r.url for r in replicas]
         router = RouterProcess(urls, policy, logs / f"{tag}-router.log", *args.router_flag).start()
@@ -171,6 +172,7 @@ def run_policy(
     return {
         "policy": policy,
         "seed": seed,
+        "kv_blocks": kv_blocks,
         "requests": requests,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -210,10 +212,10 @@ def main() -> int:
     )
     p.add_argument(
         "--kv-blocks",
-        type=int,
-        default=480,
-        help="KV cache per replica, in 16-token blocks: by default room for about half the "
-        "conversations' final contexts and what runs at once, not for all of them",
+        default="480",
+        help="KV cache per replica, in 16-token blocks (a comma list runs each): by default "
+        "room for about half the conversations' final contexts and what runs at once, not "
+        "for all of them",
     )
     p.add_argument(
         "--arrival",
@@ -242,17 +244,20 @@ def main() -> int:
     logs = Path(args.logs or tempfile.mkdtemp(prefix="fleet-affinity-"))
     logs.mkdir(parents=True, exist_ok=True)
     seeds = [int(x) for x in args.seeds.split(",")]
+    sizes = [int(x) for x in args.kv_blocks.split(",")]
     results = [
-        run_policy(policy, seed, args, tokenizer, logs)
+        run_policy(policy, seed, kv_blocks, args, tokenizer, logs)
+        for kv_blocks in sizes
         for policy in args.policies.split(",")
         for seed in seeds
     ]
-    print(
-        f"\n{args.conversations} conversations x {args.turns} turns over 2 replicas, "
-        f"{args.kv_blocks} KV blocks each: share of prompt tokens served from cache "
-        f"(logs: {logs})"
-    )
-    _table(results, seeds)
+    for kv_blocks in sizes:
+        print(
+            f"\n{args.conversations} conversations x {args.turns} turns over 2 replicas, "
+            f"{kv_blocks} KV blocks each: share of prompt tokens served from cache "
+            f"(logs: {logs})"
+        )
+        _table([r for r in results if r["kv_blocks"] == kv_blocks], seeds)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
