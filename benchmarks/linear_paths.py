@@ -1,10 +1,12 @@
 """Time one `Linear` of the default model's shapes on each weight path, in-process.
 
-    .venv/bin/python benchmarks/linear_paths.py [--dtype float32] [--threads 2]
+    .venv/bin/python benchmarks/linear_paths.py [--dtype float32] [--threads 2] [--rows 1,8]
 
 For each shape (the fused gate/up projection, the down projection, the output head)
-and each path (unquantized, int8, int4), the median over 7 rounds of 20 calls, at 1
-and 8 rows. It shows whether the quantized paths are faster than the unquantized one
+and each path (unquantized, int8, int4), the median over 7 rounds of 20 calls, at
+each row count (the quantized paths serve every call here, whatever
+`Linear.quantized_max_rows` would pick, so the row counts where they stop paying
+show). It shows whether the quantized paths are faster than the unquantized one
 on this CPU and dtype: `--quantization auto` takes them only where the native
 kernels serve them (see `runner/quantization_choice.py`). The paths alternate round
 by round, so load from other work on a shared machine falls on all of them alike.
@@ -29,6 +31,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rows", default="1,8", help="row counts, comma-separated")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -37,8 +40,8 @@ def main() -> None:
     print(f"{args.dtype}, {torch.get_num_threads()} threads; median us per call")
     for out_features, in_features in SHAPES:
         weight = (torch.randn(out_features, in_features) * 0.02).to(dtype)
-        layers = {q: Linear(weight, quantization=q) for q in PATHS}
-        for rows in (1, 8):
+        layers = {q: Linear(weight, quantization=q, quantized_max_rows=1 << 30) for q in PATHS}
+        for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, in_features).to(dtype)
             times: dict[str | None, list[float]] = {q: [] for q in PATHS}
             with torch.inference_mode():

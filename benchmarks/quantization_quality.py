@@ -8,9 +8,9 @@ over the whole text, logits for every position). Reports perplexity, the mean
 KL divergence from float32's next-token distribution, and how often the variant's
 argmax equals float32's. Variants `int8` and `int4` are bfloat16 with that
 quantization, `float32+int8` and `float32+int4` float32 with it (the path a CPU
-without bfloat16 serves); the quantized kernels serve batches of up to 8 rows, so
-the text is scored 8 tokens at a time to measure the kernels the server uses for
-few streams.
+without bfloat16 serves); the text is scored 8 tokens at a time for the quantized
+variants, so the quantized kernels serve every step, as they serve the server's
+decode steps at a few streams.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.engine.sampling_params import SamplingParams
-from sluiceway.runner.linear import QUANTIZED_MAX_ROWS
 from sluiceway.runner.loading import load_model
 from sluiceway.runner.model_runner import TorchModelRunner, build_inputs
 
@@ -87,7 +86,7 @@ def main() -> None:
         dtype = dtype or "bfloat16"
         if dtype not in models:
             models[dtype] = load_model(None, dtype, progress=False)
-        step_rows = QUANTIZED_MAX_ROWS if quantization else len(ids)
+        step_rows = 8 if quantization else len(ids)
         runner = runner_for(models[dtype], quantization or None)
         rows.append((variant, score(runner, ids, step_rows)))
     print(f"{len(targets)} scored tokens of a fixed English text, default model")

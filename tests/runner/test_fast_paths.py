@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
-from sluiceway.runner.linear import Linear
+from sluiceway.runner.linear import Linear, default_quantized_max_rows
 from sluiceway.runner.model_runner import TorchModelRunner
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -68,7 +68,8 @@ def test_quantized_linear_is_close(dtype, quantization, tolerance, rows):
     bias = torch.randn(128, generator=gen)
     x = torch.randn(rows, 64, generator=gen)
     layer = Linear(weight.to(dtype), bias.to(dtype), quantization=quantization)
-    assert layer.quantized is not None and layer.quantized_max_rows == 8
+    assert layer.quantized is not None
+    assert layer.quantized_max_rows == default_quantized_max_rows(dtype)
     got = layer(x.to(dtype)).float()
     want = F.linear(x, weight, bias)
     assert (got - want).norm() / want.norm() < tolerance

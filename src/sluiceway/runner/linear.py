@@ -30,9 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from sluiceway.runner.native.quantized_matmul_f32 import (
-    MAX_ROWS as F32_KERNEL_MAX_ROWS,
-)
-from sluiceway.runner.native.quantized_matmul_f32 import (
     int4_matmul_f32,
     int8_matmul_f32,
     pack_int4_f32,
@@ -49,6 +46,13 @@ QUANTIZATIONS = (None, "int8", "int4")
 INT4_GROUP_SIZE = 32
 # Calls with more rows than this take the dense path; see the module docstring.
 QUANTIZED_MAX_ROWS = 8
+# float32 with the AVX2 kernels (benchmarks/linear_paths.py --rows 8,16,24,32, two
+# runs): at 16 rows the gate+up projection takes 588-604 us on int4 against 666-798
+# dense and the down projection breaks even (342-349 against 313-358); from 24 rows
+# the dense product wins. The output head's dense product is slow at few rows, so
+# its int8 kernel wins up to 32 (20.9-21.0 against 29.3-31.1 ms).
+FLOAT32_QUANTIZED_MAX_ROWS = 16
+FLOAT32_HEAD_QUANTIZED_MAX_ROWS = 32
 
 
 def _mkldnn_packable(weight: torch.Tensor) -> bool:
@@ -91,8 +95,8 @@ class Int8Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         # Decode rows: the native kernel where it takes them (bfloat16 at one row,
-        # float32 at up to eight), torch's otherwise.
-        if x.dtype is torch.float32 and x.shape[0] <= F32_KERNEL_MAX_ROWS:
+        # float32 at any count), torch's otherwise.
+        if x.dtype is torch.float32:
             y = int8_matmul_f32(x, self.q, self.scales)
             if y is not None:
                 return y
@@ -113,7 +117,7 @@ class Int4Weight:
     `scales_and_offsets`) and, where a native kernel serves the dtype, in its layout
     as well (`native`): for bfloat16 with AVX512-BF16, `int4_matvec` serves calls of
     one row (1.07x faster whole batch-1 steps, see `native/quantized_matvec.c`); for
-    float32 with AVX2, `int4_matmul_f32` serves calls of up to eight rows (torch's
+    float32 with AVX2, `int4_matmul_f32` serves calls of any row count (torch's
     kernel is several times slower than a dense float32 product there). torch's
     kernel serves the rest. All compute with the same weight values."""
 
@@ -180,13 +184,22 @@ def quantize_weight(
     return Int4Weight.quantize(weight)
 
 
+def default_quantized_max_rows(dtype: torch.dtype, *, output_head: bool = False) -> int:
+    """Up to how many rows a quantized layer of `dtype` is faster on its quantized
+    kernel than on its dense weight (measured, see the constants above)."""
+    if dtype == torch.float32 and quantized_matmul_f32_available():
+        return FLOAT32_HEAD_QUANTIZED_MAX_ROWS if output_head else FLOAT32_QUANTIZED_MAX_ROWS
+    return QUANTIZED_MAX_ROWS
+
+
 class Linear:
     """`y = x @ weight.T + bias` for `x [T, in]`, in the weight's dtype.
 
     `kind` says how the dense weight is stored: "plain" (as given, `F.linear`) or
     "mkldnn" (prepacked by oneDNN). With `quantization`, `quantized` holds the
-    quantized weight, used for calls of at most `quantized_max_rows` rows on CPU,
-    and the dense weight is its dequantized copy."""
+    quantized weight, used for calls of at most `quantized_max_rows` rows on CPU
+    (None: `default_quantized_max_rows`), and the dense weight is its dequantized
+    copy."""
 
     def __init__(
         self,
@@ -194,7 +207,7 @@ class Linear:
         bias: torch.Tensor | None = None,
         *,
         quantization: str | None = None,
-        quantized_max_rows: int = QUANTIZED_MAX_ROWS,
+        quantized_max_rows: int | None = None,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(
@@ -208,6 +221,8 @@ class Linear:
         self.bias = bias
         self.dtype = weight.dtype
         self.quantized: Int8Weight | Int4Weight | None = None
+        if quantized_max_rows is None:
+            quantized_max_rows = default_quantized_max_rows(weight.dtype)
         self.quantized_max_rows = quantized_max_rows
         if quantization is not None:
             self.quantized, dequantized = quantize_weight(weight, quantization)

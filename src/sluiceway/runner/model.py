@@ -18,7 +18,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.linear import Linear
+from sluiceway.runner.linear import Linear, default_quantized_max_rows
 from sluiceway.runner.native.decode_one import OneTokenDecode
 from sluiceway.runner.native.layer_ops import NativeLayerOps, layer_ops_for
 
@@ -177,6 +177,7 @@ class LlamaModel:
         self.lm_head = Linear(
             self.embed if lm_head is None else _need(state_dict, "lm_head.weight", dtype, device),
             quantization="int8" if quantization == "int4" else quantization,
+            quantized_max_rows=default_quantized_max_rows(dtype, output_head=True),
         )
         self.layers = [
             _layer_weights(state_dict, i, dtype, device, quantization)

@@ -1,12 +1,13 @@
-/* Weight-only int4 and int8 products for a few rows of float32 activations, with
- * AVX2 and FMA: y[r, o] = sum_i x[r, i] * w[o, i] for r < m <= MAX_ROWS.
+/* Weight-only int4 and int8 products for rows of float32 activations, with AVX2 and
+ * FMA: y[r, o] = sum_i x[r, i] * w[o, i] for r < m.
  *
  * This is the float32 counterpart of quantized_matvec.c, for CPUs without
  * AVX512-BF16 (or models served in float32). A decode step at a few rows streams
  * every weight once, so it is bound by the weight bytes: int4 reads an eighth of
- * float32's and int8 a quarter. Each weight row is converted to floats once and
- * meets all m activation rows while it sits in registers, so the conversion is paid
- * once per step, not once per sequence. The products are the float32 products of
+ * float32's and int8 a quarter. Each weight row is read from memory once for all m
+ * activation rows; it is converted to floats once per MAX_ROWS of them and meets
+ * them while it sits in registers, so the conversion is paid once per step and
+ * pass, not once per sequence. The products are the float32 products of
  * the activations with the quantized weight values, summed in another order than a
  * dense matmul of the dequantized weight (the two agree to float32 rounding).
  *
@@ -30,8 +31,8 @@
 #define HAVE_KERNELS 0
 #endif
 
-/* Activation rows served at once: m accumulators, four converted weight vectors and
- * temporaries fit AVX2's sixteen registers. */
+/* Activation rows per pass over a weight row: their accumulators, four converted
+ * weight vectors and temporaries fit AVX2's sixteen registers. */
 #define MAX_ROWS 8
 
 int quantized_matmul_f32_available(void) { return HAVE_KERNELS; }
@@ -124,9 +125,10 @@ static inline __attribute__((always_inline)) void int8_row(const float *x, int64
     for (int r = 0; r < m; ++r) y[r * out] = scale * hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
-/* Dispatch on m so each call site sees a constant row count and unrolls. */
-#define FOR_EACH_M(call)                                                                      \
-    switch (m) {                                                                              \
+/* Dispatch on the row count n (1..MAX_ROWS) so each call site sees a constant and
+ * unrolls. */
+#define FOR_EACH_COUNT(n, call)                                                               \
+    switch (n) {                                                                              \
         case 1: call(1); break;                                                               \
         case 2: call(2); break;                                                               \
         case 3: call(3); break;                                                               \
@@ -139,7 +141,7 @@ static inline __attribute__((always_inline)) void int8_row(const float *x, int64
 #endif
 
 /* Returns 0; 1 when this build or these shapes are not served (no AVX2 and FMA,
- * m outside 1..MAX_ROWS, `in` not a positive multiple of 64); 2 when scratch memory
+ * m < 1, `in` not a positive multiple of 64); 2 when scratch memory
  * could not be allocated. `x` is [m, in], `w` `out` rows laid out as above, `y`
  * [m, out]. */
 int int4_matmul_f32(const float *x, int64_t m, int64_t in, const uint8_t *w, int64_t out,
@@ -148,7 +150,7 @@ int int4_matmul_f32(const float *x, int64_t m, int64_t in, const uint8_t *w, int
     (void)x, (void)m, (void)in, (void)w, (void)out, (void)y, (void)num_threads;
     return 1;
 #else
-    if (m < 1 || m > MAX_ROWS || in % 64 || in < 64) return 1;
+    if (m < 1 || in % 64 || in < 64) return 1;
     const int64_t groups = in / 32, stride = in / 2 + 8 * groups;
     float *sums = malloc(sizeof(float) * (size_t)(m * groups));
     if (sums == NULL) return 2;
@@ -163,10 +165,13 @@ int int4_matmul_f32(const float *x, int64_t m, int64_t in, const uint8_t *w, int
         int64_t o, end;
         thread_rows(out, &o, &end);
         for (; o < end; ++o) {
-            const uint8_t *row = w + o * stride;
-#define INT4_ROW(M) int4_row(x, sums, in, row, y + o, out, M)
-            FOR_EACH_M(INT4_ROW)
+            const uint8_t *row = w + o * stride; /* read once from memory, then from L1 */
+            for (int64_t c = 0; c < m; c += MAX_ROWS) {
+                const int64_t n = m - c < MAX_ROWS ? m - c : MAX_ROWS;
+#define INT4_ROW(M) int4_row(x + c * in, sums + c * groups, in, row, y + c * out + o, out, M)
+                FOR_EACH_COUNT(n, INT4_ROW)
 #undef INT4_ROW
+            }
         }
     }
     free(sums);
@@ -175,7 +180,7 @@ int int4_matmul_f32(const float *x, int64_t m, int64_t in, const uint8_t *w, int
 }
 
 /* Returns 0, or 1 when this build or these shapes are not served (no AVX2 and FMA,
- * m outside 1..MAX_ROWS, `in` not a positive multiple of 32). `q` is [out, in] int8,
+ * m < 1, `in` not a positive multiple of 32). `q` is [out, in] int8,
  * `scales` [out] float32, `x` [m, in], `y` [m, out]. */
 int int8_matmul_f32(const float *x, int64_t m, int64_t in, const int8_t *q,
                     const float *scales, int64_t out, float *y, int num_threads) {
@@ -183,16 +188,19 @@ int int8_matmul_f32(const float *x, int64_t m, int64_t in, const int8_t *q,
     (void)x, (void)m, (void)in, (void)q, (void)scales, (void)out, (void)y, (void)num_threads;
     return 1;
 #else
-    if (m < 1 || m > MAX_ROWS || in % 32 || in < 32) return 1;
+    if (m < 1 || in % 32 || in < 32) return 1;
 #pragma omp parallel num_threads(num_threads)
     {
         int64_t o, end;
         thread_rows(out, &o, &end);
         for (; o < end; ++o) {
-            const int8_t *row = q + o * in;
-#define INT8_ROW(M) int8_row(x, in, row, scales[o], y + o, out, M)
-            FOR_EACH_M(INT8_ROW)
+            const int8_t *row = q + o * in; /* read once from memory, then from L1 */
+            for (int64_t c = 0; c < m; c += MAX_ROWS) {
+                const int64_t n = m - c < MAX_ROWS ? m - c : MAX_ROWS;
+#define INT8_ROW(M) int8_row(x + c * in, in, row, scales[o], y + c * out + o, out, M)
+                FOR_EACH_COUNT(n, INT8_ROW)
 #undef INT8_ROW
+            }
         }
     }
     return 0;

@@ -1,6 +1,6 @@
-"""`int4_matmul_f32` and `int8_matmul_f32`: weight-only quantized products of one to
-eight float32 rows (decode at small batches), in C with AVX2 and FMA (see
-`quantized_matmul_f32.c` for the layout and why). The float32 counterpart of
+"""`int4_matmul_f32` and `int8_matmul_f32`: weight-only quantized products of float32
+rows (decode at small batches), in C with AVX2 and FMA (see `quantized_matmul_f32.c`
+for the layout and why). The float32 counterpart of
 `quantized_matvec`, for CPUs without AVX512-BF16. Each returns None for what it
 does not take, and the caller uses another path."""
 
@@ -14,7 +14,6 @@ from sluiceway.runner.native.library import load_library
 from sluiceway.runner.native.quantized_matvec import pack_int4
 
 _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-MAX_ROWS = 8
 
 _library = None
 _loaded = False
@@ -41,12 +40,12 @@ def quantized_matmul_f32_available() -> bool:
 
 
 def _takes_rows(x: torch.Tensor) -> bool:
-    """One to MAX_ROWS contiguous float32 CPU rows: what both kernels take."""
+    """Contiguous float32 CPU rows, at least one: what both kernels take."""
     return (
         x.dtype is torch.float32
         and x.is_cpu
         and x.dim() == 2
-        and 1 <= x.shape[0] <= MAX_ROWS
+        and x.shape[0] >= 1
         and x.is_contiguous()
     )
 
@@ -61,8 +60,8 @@ def pack_int4_f32(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) 
 
 
 def int4_matmul_f32(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor | None:
-    """`x [m, in]` (1 <= m <= 8 contiguous float32 rows on the CPU) times the
-    transposed weight that `packed` holds (from `pack_int4_f32`): `[m, out]` float32.
+    """`x [m, in]` (contiguous float32 rows on the CPU) times the transposed weight
+    that `packed` holds (from `pack_int4_f32`): `[m, out]` float32.
     None when the kernel does not take these tensors. Runs to completion once called
     and releases the GIL."""
     lib = _lib()
@@ -83,8 +82,8 @@ def int4_matmul_f32(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor | Non
 
 
 def int8_matmul_f32(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
-    """`x [m, in]` (1 <= m <= 8 contiguous float32 rows on the CPU) times the
-    transposed weight `q * scales[:, None]` (`q` contiguous int8 `[out, in]`, `in` a
+    """`x [m, in]` (contiguous float32 rows on the CPU) times the transposed weight
+    `q * scales[:, None]` (`q` contiguous int8 `[out, in]`, `in` a
     multiple of 32; `scales` float32 `[out]`): `[m, out]` float32. None when the
     kernel does not take these tensors. Runs to completion once called and releases
     the GIL."""
