@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-server and `sluiceway serve` (defaults) on the same GGUF, measured
-# by guidellm (a load generator neither project wrote): concurrent profile at 1, 8
-# and 32 streams, 128 synthetic prompt tokens and 128 output tokens per request,
+
+
 # streaming chat. Prints one table and the ratios (benchmarks/peers_table.py).
 #
 # Everything built or installed goes to $SLUICEWAY_PEERS_CACHE (default
@@ -14,8 +14,10 @@
 # OMP_NUM_THREADS as torch does, so setting it limits both servers alike.
 #
 # Usage: benchmarks/peers.sh [build|run|all]   (default all)
-# Knobs (environment): STREAMS (1,8,32), SECONDS_PER_LEVEL (60), PYTHON (.venv/bin/python),
-# LLAMA_CPP_PYTHON_VERSION (0.3.36), GUIDELLM_VERSION (0.8.1), OUT (a results directory).
+# Knobs (environment): STREAMS (1,8,32), SECONDS_PER_LEVEL (60), PROMPT_TOKENS (128),
+# OUTPUT_TOKENS (128), PYTHON (.venv/bin/python), LLAMA_CPP_PYTHON_VERSION (0.3.36),
+# GUIDELLM_VERSION (0.8.1), OUT (a results directory). Long prompts, for example:
+#   STREAMS=1,8 PROMPT_TOKENS=4096 SECONDS_PER_LEVEL=180 benchmarks/peers.sh run
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +27,8 @@ LLAMA_CPP_PYTHON_VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}
 STREAMS=${STREAMS:-1,8,32}
 SECONDS_PER_LEVEL=${SECONDS_PER_LEVEL:-60}
+PROMPT_TOKENS=${PROMPT_TOKENS:-128}
+OUTPUT_TOKENS=${OUTPUT_TOKENS:-128}
 OUT=${OUT:-$CACHE/results/$(date -u +%Y%m%dT%H%M%SZ)}
 # This checkout's sources, whichever environment PYTHON comes from.
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -119,8 +123,11 @@ SERVER_PID=
 start_server() {  # name
   case $1 in
     llama.cpp)
-      # 32 slots of 512 tokens each: room for 128 + 128 tokens and the chat template.
-      "$LLAMA_SERVER" -m "$MODEL" -np 32 -c 16384 -t "$(nproc)" --host "$HOST" \
+      # One slot per stream of the largest level, each with room for the prompt, the
+      # output and the chat template (llama-server splits -c evenly between slots).
+      local slots=${STREAMS##*,}
+      local slot_tokens=$((PROMPT_TOKENS + OUTPUT_TOKENS + 256))
+      "$LLAMA_SERVER" -m "$MODEL" -np "$slots" -c $((slots * slot_tokens)) -t "$(nproc)" --host "$HOST" \
         --port "$LLAMA_PORT" --alias "$MODEL_NAME" >"$OUT/llama.cpp.log" 2>&1 &
       SERVER_PID=$!
       wait_healthy "http://$HOST:$LLAMA_PORT" "$SERVER_PID" 120
@@ -159,7 +166,7 @@ run_level() {  # name streams
     --profile kind=concurrent --override profile.streams "$2" \
     --constraint "kind=max_duration,seconds=$SECONDS_PER_LEVEL" \
     --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
-    --data "kind=synthetic_text,prompt_tokens=128,output_tokens=128" \
+    --data "kind=synthetic_text,prompt_tokens=$PROMPT_TOKENS,output_tokens=$OUTPUT_TOKENS" \
     --output "kind=json,path=$OUT/$1-$2.json" \
     --disable-console-interactive >"$OUT/guidellm-$1-$2.log" 2>&1 ||
     log "guidellm failed for $1 at $2 streams (see $OUT/guidellm-$1-$2.log)"
@@ -177,6 +184,7 @@ run_all() {
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cores"
     echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's vendored tree; guidellm $GUIDELLM_VERSION"
+    echo "per request: $PROMPT_TOKENS prompt tokens, $OUTPUT_TOKENS output tokens; $SECONDS_PER_LEVEL s a level"
   } >"$OUT/meta.txt"
   local i=0 level
   for level in ${STREAMS//,/ }; do
