@@ -52,13 +52,21 @@ def tiny_qwen2() -> Qwen2ForCausalLM:
     return _finish(model)
 
 
-def make_runner(hf_model, *, block_size: int = 4, num_blocks: int = 64) -> TorchModelRunner:
+def make_runner(
+    hf_model,
+    *,
+    block_size: int = 4,
+    num_blocks: int = 64,
+    dtype: torch.dtype = torch.float32,
+    quantization: str | None = None,
+) -> TorchModelRunner:
     return TorchModelRunner(
         hf_model.config,
         hf_model.state_dict(),
-        dtype=torch.float32,
+        dtype=dtype,
         block_size=block_size,
         num_blocks=num_blocks,
+        quantization=quantization,
     )
 
 

@@ -1,6 +1,6 @@
 """The one-token decode step in C (`OneTokenDecode`) against the Python layer loop
-on the same kernels: the same logits bit for bit, int4 and int8, with and without
-projection biases, and the steps it leaves to the loop."""
+on the same kernels: the same logits bit for bit, int4 and int8, bfloat16 and
+float32, with and without projection biases, and the steps it leaves to the loop."""
 
 from __future__ import annotations
 
@@ -13,25 +13,34 @@ import torch
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.native.decode_one import OneTokenDecode
+from sluiceway.runner.native.quantized_matmul_f32 import quantized_matmul_f32_available
 from sluiceway.runner.native.quantized_matvec import int4_matvec_available
 
-from .conftest import GREEDY
+from .conftest import GREEDY, make_runner
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("cc") is None or not int4_matvec_available(64),
+_NO_CC = shutil.which("cc") is None
+needs_bf16_kernels = pytest.mark.skipif(
+    _NO_CC or not int4_matvec_available(64),
     reason="needs a C compiler and a CPU with AVX512-BF16",
 )
+needs_f32_kernels = pytest.mark.skipif(
+    _NO_CC or not quantized_matmul_f32_available(),
+    reason="needs a C compiler and a CPU with AVX2 and FMA",
+)
+DTYPES = [
+    pytest.param(torch.bfloat16, marks=needs_bf16_kernels, id="bf16"),
+    pytest.param(torch.float32, marks=needs_f32_kernels, id="f32"),
+]
 
 
-def _runner(hf_model, *, fused: bool, quantization: str | None = "int4") -> TorchModelRunner:
-    runner = TorchModelRunner(
-        hf_model.config,
-        hf_model.state_dict(),
-        dtype=torch.bfloat16,
-        block_size=4,
-        num_blocks=32,
-        quantization=quantization,
-    )
+def _runner(
+    hf_model,
+    *,
+    fused: bool,
+    quantization: str | None = "int4",
+    dtype: torch.dtype = torch.bfloat16,
+) -> TorchModelRunner:
+    runner = make_runner(hf_model, num_blocks=32, dtype=dtype, quantization=quantization)
     runner.model.fuse_one_token_steps = fused
     return runner
 
@@ -68,15 +77,19 @@ def _decode_logits(runner: TorchModelRunner, prompt: list[int], steps: int, call
     return out
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # qwen2: q/k/v biases
-def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, quantization, request):
+def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, quantization, dtype, request):
     hf_model = request.getfixturevalue(model)
     prompt = [5, 17, 99, 4, 203, 76, 31]
     used: dict[bool, list[int]] = {False: [], True: []}
     logits = {
         fused: _decode_logits(
-            _runner(hf_model, fused=fused, quantization=quantization), prompt, 12, used[fused]
+            _runner(hf_model, fused=fused, quantization=quantization, dtype=dtype),
+            prompt,
+            12,
+            used[fused],
         )
         for fused in (False, True)
     }
@@ -86,6 +99,7 @@ def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, quantizatio
         assert torch.equal(python_loop, fused)
 
 
+@needs_bf16_kernels
 def test_steps_of_several_tokens_or_sequences_keep_the_loop(tiny_llama, monkeypatch):
     calls = []
     original = OneTokenDecode.run
@@ -105,13 +119,15 @@ def test_steps_of_several_tokens_or_sequences_keep_the_loop(tiny_llama, monkeypa
     assert calls == [1]
 
 
-def test_models_without_quantized_weights_have_no_fused_step(tiny_llama):
-    runner = _runner(tiny_llama, fused=True, quantization=None)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_models_without_quantized_weights_have_no_fused_step(tiny_llama, dtype):
+    runner = _runner(tiny_llama, fused=True, quantization=None, dtype=dtype)
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7], 0, [1, 2]),)))
     runner.forward_logits(StepBatch(chunks=(_chunk(0, [5, 6, 7, 8], 3, [1, 2]),)))
     assert runner.model._one_token is not None and runner.model._one_token[1] is None
 
 
+@needs_bf16_kernels
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_no_fused_step_where_the_matvec_kernels_are_missing(tiny_llama, quantization, monkeypatch):
     """A CPU without AVX512-BF16 builds the other kernels but not the quantized
@@ -127,10 +143,11 @@ def test_no_fused_step_where_the_matvec_kernels_are_missing(tiny_llama, quantiza
     assert runner.model._one_token is not None and runner.model._one_token[1] is None
 
 
-def test_heads_the_kernels_do_not_take_keep_the_loop(tiny_llama):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_heads_the_kernels_do_not_take_keep_the_loop(tiny_llama, dtype):
     from sluiceway.runner.native.decode_one import _kernels_take
 
-    runner = _runner(tiny_llama, fused=True)
+    runner = _runner(tiny_llama, fused=True, dtype=dtype)
     shape = runner.model.shape
     assert _kernels_take(shape)
     assert not _kernels_take(attrs.evolve(shape, head_dim=288))

@@ -14,8 +14,9 @@ from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.kv_cache import KVCache
 from sluiceway.runner.model import apply_rope
-from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.native.layer_ops import NativeLayerOps, TorchLayerOps, layer_ops_for
+
+from .conftest import make_runner
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -153,14 +154,7 @@ def test_exact_float32_keeps_torch_ops():
 
 
 def test_quantized_float32_models_run_on_native_ops(tiny_llama):
-    runner = TorchModelRunner(
-        tiny_llama.config,
-        tiny_llama.state_dict(),
-        dtype=torch.float32,
-        block_size=4,
-        num_blocks=16,
-        quantization="int4",
-    )
+    runner = make_runner(tiny_llama, num_blocks=16, quantization="int4")
     ops = runner.model.ops
     assert isinstance(ops, NativeLayerOps) and ops.dtype is torch.float32
 
@@ -171,13 +165,7 @@ def test_bfloat16_runner_on_native_ops_matches_torch_ops(tiny_llama):
     greedy = SamplingParams(temperature=0.0)
     logits = {}
     for native_ops in (False, True):  # the reference first: its picks drive both
-        runner = TorchModelRunner(
-            tiny_llama.config,
-            tiny_llama.state_dict(),
-            dtype=torch.bfloat16,
-            block_size=4,
-            num_blocks=16,
-        )
+        runner = make_runner(tiny_llama, num_blocks=16, dtype=torch.bfloat16)
         if not native_ops:
             runner.model.ops = TorchLayerOps()
             runner.attention.native_decode = False  # type: ignore[attr-defined]

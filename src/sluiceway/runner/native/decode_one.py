@@ -1,8 +1,8 @@
 """`OneTokenDecode`: a step of one sequence with one new token through every layer in
-one C call (see `decode_one.c`), for bfloat16 models whose projections are all int4
-(packed for the native matrix-vector kernel) or all int8, with native layer ops and
-native decode attention. It computes exactly what the Python layer loop computes
-with those kernels."""
+one C call (see `decode_one.c`), for bfloat16 or float32 models whose projections
+are all int4 (packed for that dtype's native kernel) or all int8, with native layer
+ops and native decode attention. It computes exactly what the Python layer loop
+computes with those kernels."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native.library import bind
 from sluiceway.runner.native.paged_decode import native_decode_takes
+from sluiceway.runner.native.quantized_matmul_f32 import quantized_matmul_f32_available
 from sluiceway.runner.native.quantized_matvec import int8_matvec_available
 
 if TYPE_CHECKING:
@@ -32,26 +33,33 @@ _ERRORS = {
 }
 
 
-def _function():
-    return bind("decode_one", "decode_one_bf16", _ARGTYPES, _N)
+_SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def _function(dtype: torch.dtype):
+    return bind("decode_one", f"decode_one_{_SUFFIXES[dtype]}", _ARGTYPES, _N)
+
+
+def _int8_kernel_takes(dtype: torch.dtype, in_features: int) -> bool:
+    if dtype == torch.bfloat16:
+        return int8_matvec_available(in_features)
+    return in_features % 32 == 0 and quantized_matmul_f32_available()
 
 
 def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
-    """`(bits, weight, int8 row scales or None)` of a projection the C step takes:
-    int4 with the bfloat16 kernel's packing, or int8 with bfloat16 scales over whole
-    groups of 32 inputs; None for anything else (float32 models' packing included)."""
+    """`(bits, weight, int8 row scales or None)` of a projection the C step takes, in
+    a bfloat16 or float32 model: int4 with its dtype's native packing, or int8 with
+    scales of its dtype over whole groups of 32 inputs; None for anything else."""
     quantized = linear.quantized
-    if (
-        isinstance(quantized, Int4Weight)
-        and quantized.native is not None
-        and linear.dtype == torch.bfloat16
-    ):
+    if linear.dtype not in _SUFFIXES:
+        return None
+    if isinstance(quantized, Int4Weight) and quantized.native is not None:
         return 4, quantized.native, None
     if (
         isinstance(quantized, Int8Weight)
-        and quantized.scales.dtype == torch.bfloat16
+        and quantized.scales.dtype == linear.dtype
         and quantized.q.is_contiguous()
-        and int8_matvec_available(linear.in_features)
+        and _int8_kernel_takes(linear.dtype, linear.in_features)
     ):
         return 8, quantized.q, quantized.scales
     return None
@@ -98,9 +106,9 @@ class OneTokenDecode:
     ) -> OneTokenDecode | None:
         """The fused step for this model and cache, or None unless the kernels take its
         heads, every projection is int4 with the native packing or every one int8
-        (see `_projection`), the norms, biases and caches are contiguous bfloat16 CPU
-        tensors, the model's other kernels are the native ones (`eligible`) and the
-        library builds here."""
+        (see `_projection`), the norms, biases and caches are contiguous CPU tensors
+        of one dtype (bfloat16 or float32), the model's other kernels are the native
+        ones (`eligible`) and the library builds here."""
         if not eligible or not layers or not _kernels_take(shape):
             return None
         tensors: list[torch.Tensor] = []
@@ -122,12 +130,18 @@ class OneTokenDecode:
             row += [_ptr(cache) for cache in caches]
             tensors += caches
             pointers.append(row)
-        if len(kinds) != 1 or not all(
-            t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.is_contiguous()
-            for t in tensors
+        dtype = tensors[0].dtype
+        if (
+            len(kinds) != 1
+            or dtype not in _SUFFIXES
+            or not all(
+                t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
+                for t in tensors
+            )
+            or any(layer.qkv.dtype != dtype for layer in layers)
         ):
             return None
-        fn = _function()
+        fn = _function(dtype)
         if fn is None:
             return None
         intermediate = layers[0].down.in_features

@@ -120,3 +120,18 @@ def bind(name: str, function: str, argtypes: list, restype=None):
     if fn.argtypes is None:
         fn.argtypes, fn.restype = argtypes, restype
     return fn
+
+
+def load_kernels(
+    name: str, available: str, signatures: dict[str, tuple[list, object]]
+) -> ctypes.CDLL | None:
+    """Library `name` with each function in `signatures` (`{function: (argtypes,
+    restype)}`) bound, or None where it does not build or its `available()` says this
+    build has no kernels (compiled for a CPU without their instructions)."""
+    lib = load_library(name)
+    if lib is None or not getattr(lib, available)():
+        return None
+    for function, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, function)
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib

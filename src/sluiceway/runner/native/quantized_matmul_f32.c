@@ -24,6 +24,8 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "thread_rows.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_KERNELS 1
@@ -36,15 +38,6 @@
 #define MAX_ROWS 8
 
 int quantized_matmul_f32_available(void) { return HAVE_KERNELS; }
-
-/* This thread's share of `out` output rows: one contiguous run, so each thread
- * streams its own part of the weights. Called inside a parallel region. */
-static inline __attribute__((always_inline)) void thread_rows(int64_t out, int64_t *begin,
-                                                              int64_t *end) {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    *begin = out * me / threads;
-    *end = out * (me + 1) / threads;
-}
 
 #if HAVE_KERNELS
 static inline __attribute__((always_inline)) float hsum(__m256 v) {

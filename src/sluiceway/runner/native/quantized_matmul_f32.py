@@ -7,31 +7,27 @@ does not take, and the caller uses another path."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
-from sluiceway.runner.native.library import load_library
+from sluiceway.runner.native.library import load_kernels
 from sluiceway.runner.native.quantized_matvec import pack_int4
 
 _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
-_library = None
-_loaded = False
 
-
+@functools.cache
 def _lib():
     """The library, or None without a build that has AVX2 and FMA."""
-    global _library, _loaded
-    if not _loaded:
-        lib = load_library("quantized_matmul_f32")
-        if lib is not None and lib.quantized_matmul_f32_available():
-            lib.int4_matmul_f32.argtypes = [_P, _I, _I, _P, _I, _P, _N]
-            lib.int4_matmul_f32.restype = _N
-            lib.int8_matmul_f32.argtypes = [_P, _I, _I, _P, _P, _I, _P, _N]
-            lib.int8_matmul_f32.restype = _N
-            _library = lib
-        _loaded = True
-    return _library
+    return load_kernels(
+        "quantized_matmul_f32",
+        "quantized_matmul_f32_available",
+        {
+            "int4_matmul_f32": ([_P, _I, _I, _P, _I, _P, _N], _N),
+            "int8_matmul_f32": ([_P, _I, _I, _P, _P, _I, _P, _N], _N),
+        },
+    )
 
 
 def quantized_matmul_f32_available() -> bool:

@@ -30,6 +30,7 @@
 #endif
 
 #include "bf16_math.h"
+#include "thread_rows.h"
 
 /* Output rows side by side, and how far ahead (in rows) to prefetch. */
 #define ROWS_TOGETHER 4
@@ -41,15 +42,6 @@ int quantized_matvec_available(void) {
 #else
     return 0;
 #endif
-}
-
-/* This thread's share of `out` output rows: one contiguous run, so each thread
- * streams its own part of the weights. Called inside a parallel region. */
-static inline __attribute__((always_inline)) void thread_rows(int64_t out, int64_t *begin,
-                                                              int64_t *end) {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    *begin = out * me / threads;
-    *end = out * (me + 1) / threads;
 }
 
 /* Prefetch the ROWS_TOGETHER rows (`stride` bytes each) PREFETCH_ROWS after row o,

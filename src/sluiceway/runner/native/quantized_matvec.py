@@ -7,30 +7,26 @@ torch's kernels serve every other call."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
-from sluiceway.runner.native.library import load_library
+from sluiceway.runner.native.library import load_kernels
 
 _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
-_library = None
-_loaded = False
 
-
+@functools.cache
 def _lib():
     """The library, or None without a build that has AVX512-BF16."""
-    global _library, _loaded
-    if not _loaded:
-        lib = load_library("quantized_matvec")
-        if lib is not None and lib.quantized_matvec_available():
-            lib.int4_matvec_bf16.argtypes = [_P, _I, _P, _I, _P, _N]
-            lib.int4_matvec_bf16.restype = _N
-            lib.int8_matvec_bf16.argtypes = [_P, _I, _P, _P, _I, _P, _N]
-            lib.int8_matvec_bf16.restype = _N
-            _library = lib
-        _loaded = True
-    return _library
+    return load_kernels(
+        "quantized_matvec",
+        "quantized_matvec_available",
+        {
+            "int4_matvec_bf16": ([_P, _I, _P, _I, _P, _N], _N),
+            "int8_matvec_bf16": ([_P, _I, _P, _P, _I, _P, _N], _N),
+        },
+    )
 
 
 def _takes_row(x: torch.Tensor) -> bool:

@@ -1,0 +1,86 @@
+/* decode_one.c's step over one element type, included once per type. Before
+ * including, define T, LOAD, STORE and NAME as for layer_ops_impl.h, and
+ *   INT4_MATVEC(x, in, w, out, y, threads)          one row through an int4 weight
+ *   INT8_MATVEC(x, in, q, scales, out, y, threads)  one row through an int8 weight
+ * with the kernels' return codes. No include guard: it is meant to be included more
+ * than once.
+ */
+
+/* y += bias (rounded once to T, like torch's add); no bias: nothing. */
+static void NAME(add_bias)(T *y, const T *bias, int64_t n) {
+    if (bias == NULL) return;
+    for (int64_t i = 0; i < n; ++i) y[i] = STORE(LOAD(y[i]) + LOAD(bias[i]));
+}
+
+static int NAME(matvec)(int bits, const T *x, int64_t in, const int64_t *layer, int which,
+                        int64_t out, T *y, int num_threads) {
+    const int status =
+        bits == 4 ? INT4_MATVEC(x, in, (const uint8_t *)(intptr_t)layer[which], out, y,
+                                num_threads)
+                  : INT8_MATVEC(x, in, (const int8_t *)(intptr_t)layer[which],
+                                (const T *)(intptr_t)layer[which + 1], out, y, num_threads);
+    NAME(add_bias)(y, (const T *)(intptr_t)layer[which + 2], out);
+    return status;
+}
+
+/* `hidden` [hidden_size]: the token's embedding in, the residual stream after the
+ * last layer out (before the final norm). `layers` [num_layers, POINTERS_PER_LAYER];
+ * `bits` 4 or 8, the projections' quantization.
+ * `cos`, `sin` [head_dim] (sin's first half negated); `slot` where this token's k/v
+ * go; `table` [max_blocks] and `seq_len` its context after this token. Returns 0, 1
+ * for shapes the kernels do not take, 2 when memory ran out, 3 for a slot outside
+ * the cache, 4 for a context longer than its table. */
+int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int bits,
+                    int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
+                    int64_t head_dim, int64_t intermediate, const T *cos,
+                    const T *sin, const int64_t *slot, int64_t num_slots,
+                    const int32_t *table, int64_t max_blocks, const int32_t *seq_len,
+                    int64_t block_size, float scale, float eps, int num_threads) {
+    if (bits != 4 && bits != 8) return 1;
+    if (*seq_len < 1 || *seq_len > max_blocks * block_size) return 4;
+    const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+    const int64_t qkv_size = q_size + 2 * kv_size;
+    /* x, qkv, q, attention, projection, gate_up, activation */
+    const int64_t floats = hidden_size + qkv_size + 2 * q_size + hidden_size + 3 * intermediate;
+    T *buffer = malloc(sizeof(T) * (size_t)floats);
+    if (buffer == NULL) return 2;
+    T *x = buffer, *qkv = x + hidden_size, *q = qkv + qkv_size, *attn = q + q_size;
+    T *proj = attn + q_size, *gate_up = proj + hidden_size, *act = gate_up + 2 * intermediate;
+    int status = 0;
+    NAME(rms_norm)(hidden, (const T *)(intptr_t)layers[INPUT_NORM], x, 1, hidden_size, eps,
+                  num_threads);
+    for (int64_t i = 0; i < num_layers && status == 0; ++i) {
+        const int64_t *layer = layers + i * POINTERS_PER_LAYER;
+        T *k_cache = (T *)(intptr_t)layer[K_CACHE];
+        T *v_cache = (T *)(intptr_t)layer[V_CACHE];
+        if ((status = NAME(matvec)(bits, x, hidden_size, layer, QKV, qkv_size, qkv, num_threads))) break;
+        const int rope = NAME(rope_cache)(qkv, cos, sin, slot, q, k_cache, v_cache, 1, num_heads,
+                                         num_kv_heads, head_dim, num_slots, num_threads);
+        if (rope) {
+            status = rope == 2 ? 3 : 1;
+            break;
+        }
+        if ((status = NAME(paged_decode)(q, k_cache, v_cache, table, max_blocks, seq_len, attn, 1,
+                                   num_heads, num_kv_heads, head_dim, block_size, scale,
+                                   num_threads, 0, 0)))
+            break;
+        if ((status = NAME(matvec)(bits, attn, q_size, layer, O, hidden_size, proj, num_threads))) break;
+        NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POST_NORM], x, 1,
+                          hidden_size, eps, num_threads);
+        if ((status = NAME(matvec)(bits, x, hidden_size, layer, GATE_UP, 2 * intermediate, gate_up,
+                             num_threads)))
+            break;
+        NAME(silu_mul)(gate_up, act, 1, intermediate, num_threads);
+        if ((status = NAME(matvec)(bits, act, intermediate, layer, DOWN, hidden_size, proj, num_threads)))
+            break;
+        if (i + 1 < num_layers) {
+            NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POINTERS_PER_LAYER + INPUT_NORM], x, 1,
+                              hidden_size, eps, num_threads);
+        } else {
+            for (int64_t d = 0; d < hidden_size; ++d)
+                hidden[d] = STORE(LOAD(hidden[d]) + LOAD(proj[d]));
+        }
+    }
+    free(buffer);
+    return status;
+}
