@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-server and `sluiceway serve` (defaults) on the same GGUF, measured
-
-
-# streaming chat. Prints one table and the ratios (benchmarks/peers_table.py).
+# by guidellm (a load generator neither project wrote): concurrent profile at 1, 8
+# and 32 streams, 128 synthetic prompt tokens and 128 output tokens per request (the
+# knobs below change all three), streaming chat. Prints one table and the ratios
+# (benchmarks/peers_table.py).
 #
 # Everything built or installed goes to $SLUICEWAY_PEERS_CACHE (default
 # ~/.cache/sluiceway-peers), outside the repository, and is reused: llama-server is
