@@ -44,12 +44,6 @@ enum {
 #define INT8_MATVEC(x, in, q, scales, out, y, threads) \
     int8_matvec_bf16(x, in, q, scales, out, y, threads)
 #include "decode_one_impl.h"
-#undef T
-#undef LOAD
-#undef STORE
-#undef NAME
-#undef INT4_MATVEC
-#undef INT8_MATVEC
 
 #define T float
 #define LOAD(v) (v)
@@ -59,9 +53,3 @@ enum {
 #define INT8_MATVEC(x, in, q, scales, out, y, threads) \
     int8_matmul_f32(x, 1, in, q, scales, out, y, threads)
 #include "decode_one_impl.h"
-#undef T
-#undef LOAD
-#undef STORE
-#undef NAME
-#undef INT4_MATVEC
-#undef INT8_MATVEC

@@ -3,7 +3,7 @@
  *   INT4_MATVEC(x, in, w, out, y, threads)          one row through an int4 weight
  *   INT8_MATVEC(x, in, q, scales, out, y, threads)  one row through an int8 weight
  * with the kernels' return codes. No include guard: it is meant to be included more
- * than once.
+ * than once; it undefines its parameters at its end.
  */
 
 /* y += bias (rounded once to T, like torch's add); no bias: nothing. */
@@ -84,3 +84,11 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
     free(buffer);
     return status;
 }
+
+/* The parameters end here, so the next instantiation defines them afresh. */
+#undef T
+#undef LOAD
+#undef STORE
+#undef NAME
+#undef INT4_MATVEC
+#undef INT8_MATVEC

@@ -27,11 +27,6 @@
 #define ROUND(f) bf16_to_float(float_to_bf16(f))
 #define NAME(op) op##_bf16
 #include "layer_ops_impl.h"
-#undef T
-#undef LOAD
-#undef STORE
-#undef ROUND
-#undef NAME
 
 #define T float
 #define LOAD(v) (v)
@@ -39,8 +34,3 @@
 #define ROUND(f) (f)
 #define NAME(op) op##_f32
 #include "layer_ops_impl.h"
-#undef T
-#undef LOAD
-#undef STORE
-#undef ROUND
-#undef NAME

@@ -6,7 +6,8 @@
  *   ROUND(f)  a float rounded to the element type and back (what storing and
  *             reloading it gives)
  *   NAME(op)  the name of `op` for this type
- * No include guard: it is meant to be included more than once.
+ * No include guard: it is meant to be included more than once; it undefines its
+ * parameters at its end.
  */
 
 /* Below this many elements a call stays on the calling thread (a parallel region
@@ -119,3 +120,10 @@ int NAME(rope_cache)(T *qkv, const T *cos, const T *sin,
     }
     return 0;
 }
+
+/* The parameters end here, so the next instantiation defines them afresh. */
+#undef T
+#undef LOAD
+#undef STORE
+#undef ROUND
+#undef NAME
