@@ -116,7 +116,8 @@ async def _conversations(url: str, args: argparse.Namespace, seed: int) -> tuple
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
             }
-            r = await client.post("/v1/chat/completions", json=body)
+            headers = {"x-session-id": f"conversation-{c}"} if args.session_header else {}
+            r = await client.post("/v1/chat/completions", json=body, headers=headers)
             r.raise_for_status()
             out = r.json()
             history.append(
@@ -231,6 +232,12 @@ def main() -> int:
         "--real", action="store_true", help="serve the default model, not the scripted runner"
     )
     p.add_argument("--router-flag", action="append", default=[], help="extra vllm-router flag")
+    p.add_argument(
+        "--session-header",
+        action="store_true",
+        help="send each conversation's id as x-session-id (what vllm-router's "
+        "--kv-aware-session-affinity-ttl-secs keys its affinity by)",
+    )
     p.add_argument(
         "--replica-flag", action="append", default=[], help="extra flag for each replica"
     )

@@ -82,6 +82,7 @@ def test_the_router_discovers_the_replicas_by_their_labels() -> None:
     assert dict(s.split("=", 1) for s in selector) == labels
     assert _flag(args, "--service-discovery-port") == "8000"
     assert _flag(args, "--policy") == "kv_aware"
+    assert int(_flag(args, "--kv-aware-session-affinity-ttl-secs")) > 0
     # It may watch pods: the RBAC binds its service account to a pod reader.
     binding = _one("RoleBinding", "vllm-router-pod-reader")
     assert binding["subjects"][0]["name"] == router["serviceAccountName"]
