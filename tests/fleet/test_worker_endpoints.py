@@ -4,6 +4,7 @@ probes, and KV-cache events from a running server (in process, scripted runner).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -124,15 +125,19 @@ async def test_a_server_publishes_its_cached_blocks(start_server: Any) -> None:
         def stored() -> list[dict[str, Any]]:
             return [e for e in events if e["type"] == "BlockStored"]
 
-        async def read() -> None:
-            events[:] = await trio.to_thread.run_sync(replayed_events, source["replay_endpoint"])
+        async def read_until(done: Callable[[], bool]) -> None:
+            # The publisher's thread sends on its own schedule: poll its replay
+            # buffer, bounded, as `eventually` polls the engine.
+            with trio.fail_after(10):
+                while True:
+                    events[:] = await trio.to_thread.run_sync(
+                        replayed_events, source["replay_endpoint"]
+                    )
+                    if done():
+                        return
+                    await trio.sleep(0.01)
 
-        # The publisher's thread sends on its own schedule: poll its replay buffer.
-        with trio.fail_after(10):
-            await read()
-            while len(stored()) < full_blocks:
-                await trio.sleep(0.01)
-                await read()
+        await read_until(lambda: len(stored()) >= full_blocks)
         blocks = stored()[:full_blocks]
         assert [t for e in blocks for t in e["token_ids"]] == prompt[: full_blocks * 16]
         assert blocks[0]["parent_block_hash"] is None
@@ -143,10 +148,7 @@ async def test_a_server_publishes_its_cached_blocks(start_server: Any) -> None:
 
         # The router's /flush_cache empties the cache and tells subscribers so.
         assert (await client.post("/flush_cache")).json() == {"reset": True}
-        with trio.fail_after(10):
-            while events[-1]["type"] != "AllBlocksCleared":
-                await trio.sleep(0.01)
-                await read()
+        await read_until(lambda: bool(events) and events[-1]["type"] == "AllBlocksCleared")
         again = await client.post("/v1/chat/completions", json=chat(LONG, max_tokens=2))
         assert "prompt_tokens_details" not in again.json()["usage"]
 

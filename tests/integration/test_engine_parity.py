@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sluiceway.engine.core import EngineCore
-from sluiceway.engine.sampling_params import SamplingParams
+from greedy_rounds import greedy_rounds
 from sluiceway.runner.model_runner import TorchModelRunner
 from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
 
@@ -66,30 +65,11 @@ def run_engine(hf_model, prompts, *, num_blocks=64, block_size=4, budget=512, ma
         block_size=block_size,
         num_blocks=num_blocks,
     )
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[],
-        max_model_len=256,
-        enable_prefix_caching=prefix,
-    )
-    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
-    results = []
-    for round_ in range(rounds):
-        tokens: dict[int, list[int]] = {}
-        order = []
-        cached = {}
-        for i, prompt in enumerate(prompts):
-            (seq_id,) = core.add_request(round_ * 100 + i, prompt, params)
-            order.append(seq_id)
-        while core.has_work():
-            for seq_id, delta in core.step():
-                tokens.setdefault(seq_id, []).extend(delta.token_ids)
-                cached[seq_id] = delta.num_cached_prompt_tokens
-        results.append(([tokens[s] for s in order], [cached[s] for s in order], core))
-    return results
+    runs = greedy_rounds(
+        runner, prompts, max_new=MAX_NEW, budget=budget, max_seqs=max_seqs, prefix=prefix,
+        rounds=rounds,
+    )  # fmt: skip
+    return [(run.tokens, run.cached, run.core) for run in runs]
 
 
 def test_each_prompt_alone_matches_transformers(hf_model, expected):

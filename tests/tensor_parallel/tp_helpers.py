@@ -11,9 +11,8 @@ import attrs
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from greedy_rounds import Run, greedy_rounds
 from sluiceway.engine.batch import SampledToken, StepBatch
-from sluiceway.engine.core import EngineCore
-from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 from sluiceway.runner.tensor_parallel.driver import free_loopback_port
 from sluiceway.runner.tensor_parallel.messages import RankSpec, WeightsSource
@@ -72,44 +71,10 @@ class FewerBlocks:
         return list(self.runner.step(batch))
 
 
-@attrs.frozen
-class Run:
-    tokens: list[list[int]]  # per prompt, in order
-    cached: list[int]  # prompt tokens each prompt found in the prefix cache
-    preemptions: int
-
-
 def run_rounds(runner: Any, prompts: list[list[int]], *, budget: int, rounds: int = 1) -> list[Run]:
     """Greedy `MAX_NEW` tokens for every prompt, batched, `rounds` times over on one
     engine core (the later rounds hit the prefix cache); `budget` tokens a step."""
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=8,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[],
-        max_model_len=256,
-        enable_prefix_caching=True,
-    )
-    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
-    runs = []
-    for round_ in range(rounds):
-        order = [core.add_request(round_ * 100 + i, p, params)[0] for i, p in enumerate(prompts)]
-        tokens: dict[int, list[int]] = {}
-        cached: dict[int, int] = {}
-        before = core.scheduler.num_preemptions
-        while core.has_work():
-            for seq_id, delta in core.step():
-                tokens.setdefault(seq_id, []).extend(delta.token_ids)
-                cached[seq_id] = delta.num_cached_prompt_tokens
-        runs.append(
-            Run(
-                [tokens[s] for s in order],
-                [cached[s] for s in order],
-                core.scheduler.num_preemptions - before,
-            )
-        )
-    return runs
+    return greedy_rounds(runner, prompts, max_new=MAX_NEW, budget=budget, rounds=rounds)
 
 
 def alive(pid: int) -> bool:

@@ -359,17 +359,6 @@ static int paged_decode_any(const void *q, const void *k_cache, const void *v_ca
     return 0;
 }
 
-/* Decode attention over a bfloat16 cache (also what `decode_one.c` calls). */
-static int paged_decode(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
-                        uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t head_dim, int64_t block_size, float scale, int num_threads,
-                        int portable, int64_t spans) {
-    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
-                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-                            num_threads, portable, spans, 0);
-}
-
 /* Decode attention over a float32 cache; see the top of this file for layouts. */
 int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                      const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
@@ -381,13 +370,14 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                             num_threads, portable, spans, 1);
 }
 
-/* Decode attention over a bfloat16 cache; see the top of this file for layouts. */
+/* Decode attention over a bfloat16 cache; see the top of this file for layouts (also
+ * what `decode_one.c` calls). */
 int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                       const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
                       uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                       int64_t head_dim, int64_t block_size, float scale, int num_threads,
                       int portable, int64_t spans) {
-    return paged_decode(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out, num_seqs,
-                        num_heads, num_kv_heads, head_dim, block_size, scale, num_threads,
-                        portable, spans);
+    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
+                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                            num_threads, portable, spans, 0);
 }

@@ -1,0 +1,63 @@
+"""Greedy generation of a batch of prompts on one engine core, for parity tests
+where the model is the point: every token and every prompt's cached share, per
+round (the later rounds of the same prompts hit the prefix cache)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sluiceway.engine.core import EngineCore
+from sluiceway.engine.sampling_params import SamplingParams
+
+
+@attrs.frozen
+class Run:
+    tokens: list[list[int]]  # per prompt, in order
+    cached: list[int]  # prompt tokens each prompt found in the prefix cache
+    preemptions: int
+    core: EngineCore = attrs.field(eq=False)  # the core itself, for its stats; runs compare by output
+
+
+def greedy_rounds(
+    runner: Any,
+    prompts: list[list[int]],
+    *,
+    max_new: int,
+    budget: int,
+    max_seqs: int = 8,
+    prefix: bool = True,
+    rounds: int = 1,
+) -> list[Run]:
+    """`max_new` greedy tokens for every prompt, batched, `rounds` times over on one
+    engine core with `budget` tokens a step and no end-of-sequence token."""
+    core = EngineCore(
+        runner,
+        lambda ids: "",
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=[],
+        max_model_len=256,
+        enable_prefix_caching=prefix,
+    )
+    params = SamplingParams(max_tokens=max_new, temperature=0.0)
+    runs = []
+    for round_ in range(rounds):
+        order = [core.add_request(round_ * 100 + i, p, params)[0] for i, p in enumerate(prompts)]
+        tokens: dict[int, list[int]] = {}
+        cached: dict[int, int] = {}
+        before = core.scheduler.num_preemptions
+        while core.has_work():
+            for seq_id, delta in core.step():
+                tokens.setdefault(seq_id, []).extend(delta.token_ids)
+                cached[seq_id] = delta.num_cached_prompt_tokens
+        runs.append(
+            Run(
+                [tokens[s] for s in order],
+                [cached[s] for s in order],
+                core.scheduler.num_preemptions - before,
+                core,
+            )
+        )
+    return runs
