@@ -95,7 +95,14 @@ class TensorParallelRunner:
     as the runner: spawned ranks die with that thread (`lifeline.py`).
 
     `step` must be called from one thread at a time. `close` may be called from
-    any thread, at any time, more than once."""
+    any thread, at any time, more than once.
+
+    Ending the ranks happens once, on whichever path gets there first (a failed
+    step, `close`, a failed start); a second caller waits for the first to finish.
+    The pipes are closed only by `close`, and only once no step is using them:
+    ending the ranks readies their sentinels, so a step waiting on them returns
+    at once and `close` then takes the step lock. So no descriptor is closed
+    twice, or closed under a thread still polling or reading it."""
 
     def __init__(
         self,
@@ -110,9 +117,17 @@ class TensorParallelRunner:
         self.world_size = spec.world_size
         self.device = spec.device  # the ranks' device type, "cpu" or "cuda"
         self._step_timeout = step_timeout
+        # Guards `_failure`, `_closed`, `_ending` and writes to the command pipe.
         self._lock = threading.Lock()
+        # Held by `step` throughout, and by `close` while it closes the pipes.
+        self._step_lock = threading.Lock()
         self._failure: str | None = None
         self._closed = False
+        self._ending = False
+        self._ranks_ended = threading.Event()
+        # A forkserver child's exit status is read from its sentinel once; two
+        # threads joining it at the same time could read it as 255.
+        self._join_lock = threading.Lock()
         # Ranks fork from multiprocessing's fork server, a fresh single-threaded
         # process that has imported torch and the model code once: spawning each
         # rank anew paid that import once per rank, at the same time, on the same
@@ -134,14 +149,18 @@ class TensorParallelRunner:
                 process.start()
                 self._ranks.append(process)
         except BaseException:
-            self._end_ranks()
+            self._abandon_start()
             raise
         finally:
             rank0_end.close()
             lifeline_reader.close()
-        reply = self._reply(timeout=None)
-        if not isinstance(reply, Ready):
-            raise self._failed(f"unexpected first reply {type(reply).__name__}")
+        try:
+            reply = self._reply(timeout=None)
+            if not isinstance(reply, Ready):
+                raise self._failed(f"unexpected first reply {type(reply).__name__}")
+        except BaseException:
+            self._abandon_start()
+            raise
         self._block_size = reply.block_size
         self._num_blocks = reply.num_blocks
         self.last_step: StepTiming | None = None  # the latest step's (benchmarks)
@@ -175,6 +194,10 @@ class TensorParallelRunner:
         itself, which the timeout or a rank's exit bounds."""
         if not batch.chunks:
             return []
+        with self._step_lock:
+            return self._step(batch)
+
+    def _step(self, batch: StepBatch) -> list[SampledToken]:
         started = time.perf_counter()
         masks = batch.token_masks
         self._send(StepCommand(_picklable(batch), masks_follow=masks is not None))
@@ -204,17 +227,37 @@ class TensorParallelRunner:
 
     def close(self) -> None:
         """Ask the ranks to exit, wait up to `_EXIT_GRACE_SECONDS` for them, then
-        kill any left; returns once every spawned rank has ended."""
+        kill any left, and close the pipes once no step uses them; returns once
+        every spawned rank has ended. A later call returns at once; a concurrent
+        one returns once the first has ended the ranks. A step in flight on
+        another thread raises `TensorParallelError` (its ranks are gone)."""
         with self._lock:
             if self._closed:
-                return
-            self._closed = True
-            if self._failure is None:
-                try:
-                    self._commands.send(Shutdown())
-                except OSError:
-                    pass
+                closing_elsewhere = True
+            else:
+                closing_elsewhere = False
+                self._closed = True
+                if self._failure is None and not self._ending:
+                    try:
+                        self._commands.send(Shutdown())
+                    except OSError:
+                        pass
         self._end_ranks(grace=_EXIT_GRACE_SECONDS)
+        if not closing_elsewhere:
+            self._close_pipes()
+
+    def _abandon_start(self) -> None:
+        """End a start that failed at once: nobody holds this runner to close it."""
+        with self._lock:
+            self._closed = True
+        self._end_ranks()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Close the pipes, once the ranks have ended and no step uses them."""
+        with self._step_lock:
+            self._lifeline.close()
+            self._commands.close()
 
     def _reply(self, timeout: float | None) -> Reply:
         """Rank 0's next reply; raises (after ending every rank) when a rank exits,
@@ -232,13 +275,13 @@ class TensorParallelRunner:
         if ready:
             for sentinel in ready:
                 # Its pipe closes as it exits, a moment before its status is ready.
-                sentinels[sentinel].join(timeout=1.0)
+                self._join(sentinels[sentinel], timeout=1.0)
             raise self._failed(self._exit_reason() or "a rank exited")
         raise self._failed(f"no reply from the ranks within {timeout} s")
 
     def _exit_reason(self) -> str | None:
         for rank, process in enumerate(self._ranks):
-            process.join(timeout=0)
+            self._join(process, timeout=0)
             if process.exitcode is not None:
                 how = (
                     f"was killed by signal {-process.exitcode}"
@@ -257,13 +300,27 @@ class TensorParallelRunner:
         return TensorParallelError(reason)
 
     def _end_ranks(self, grace: float = 0.0) -> None:
-        deadline = time.monotonic() + grace
-        for process in self._ranks:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for process in self._ranks:
-            if process.exitcode is None:
-                process.kill()
-        for process in self._ranks:
-            process.join()
-        self._lifeline.close()
-        self._commands.close()
+        """End every spawned rank: wait up to `grace` seconds for it to exit, then
+        kill it. Runs once; a call while another is under way waits for that one,
+        a later call returns at once. Closes no descriptor (see the class doc)."""
+        with self._lock:
+            first = not self._ending
+            self._ending = True
+        if not first:
+            self._ranks_ended.wait()
+            return
+        try:
+            deadline = time.monotonic() + grace
+            for process in self._ranks:
+                self._join(process, timeout=max(0.0, deadline - time.monotonic()))
+            for process in self._ranks:
+                if process.exitcode is None:
+                    process.kill()
+            for process in self._ranks:
+                self._join(process, timeout=None)
+        finally:
+            self._ranks_ended.set()
+
+    def _join(self, process: Any, timeout: float | None) -> None:
+        with self._join_lock:
+            process.join(timeout=timeout)
