@@ -31,6 +31,25 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def assert_float32_product(got, x, weight, magnitude):
+    """`got` is `x @ weight.T` to within the worst-case rounding of float32 sums.
+
+    The kernels and torch's matmul add the same products in different orders, and
+    which order torch takes depends on the CPU, so no fixed tolerance holds on every
+    machine. The bound is the classic one for a float32 sum of n rounded products,
+    gamma(n + 3) * sum |terms| (one rounding for each product, the scale and the bias);
+    `magnitude` holds the absolute value of each weight's terms as the kernel adds
+    them. A dropped or misplaced product costs far more than that bound.
+    """
+    exact = x.double() @ weight.double().T
+    terms = x.double().abs() @ magnitude.double().T
+    n = x.shape[1] + 3
+    eps = 2.0**-24
+    bound = n * eps / (1 - n * eps) * terms
+    error = (got.double() - exact).abs()
+    assert bool((error <= bound).all()), f"error {error.max():.3g} over bound {bound.min():.3g}"
+
+
 def _int4(out_features: int, in_features: int, seed: int):
     """Random q, float32 scales and offsets, and the weight `(q - 8) * scale + offset`."""
     gen = torch.Generator().manual_seed(seed)
@@ -49,12 +68,17 @@ def _int4(out_features: int, in_features: int, seed: int):
 @pytest.mark.parametrize(("out_features", "in_features"), [(37, 64), (96, 576), (40, 1536)])
 @pytest.mark.parametrize("rows", [*range(1, 9), 13, 16, 20])
 def test_int4_is_the_product_with_the_dequantized_weight(out_features, in_features, rows):
-    q, scales, offsets, weight = _int4(out_features, in_features, seed=in_features + rows)
+    q, scales, offsets, _ = _int4(out_features, in_features, seed=in_features + rows)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
     got = int4_matmul_f32(x, pack_int4_f32(q, scales, offsets))
     assert got is not None and got.dtype is torch.float32 and got.shape == (rows, out_features)
-    # float32 sums of up to 1536 products, in another order: a few units of 1e-5.
-    torch.testing.assert_close(got, x @ weight.T, rtol=1e-4, atol=1e-4)
+    # The kernel adds scale * sum(q * x) + (offset - 8 * scale) * sum(x) a group.
+    groups = in_features // 32
+    scale = scales.repeat_interleave(32, dim=1).double()
+    bias = (offsets.double() - 8 * scales.double()).repeat_interleave(32, dim=1)
+    exact_weight = (q.double() - 8) * scale + offsets.double().repeat_interleave(32, dim=1)
+    assert groups * 32 == in_features
+    assert_float32_product(got, x, exact_weight, q.double() * scale + bias.abs())
     # Each row's product is the one it gets alone: batch composition changes nothing.
     alone = int4_matmul_f32(x[-1:].contiguous(), pack_int4_f32(q, scales, offsets))
     assert alone is not None and torch.equal(got[-1:], alone)
@@ -70,7 +94,8 @@ def test_int8_is_the_product_with_the_dequantized_weight(out_features, in_featur
     x = torch.randn(rows, in_features, generator=gen)
     got = int8_matmul_f32(x, q, scales)
     assert got is not None and got.shape == (rows, out_features)
-    torch.testing.assert_close(got, x @ (q.float() * scales[:, None]).T, rtol=1e-5, atol=1e-5)
+    weight = q.double() * scales.double()[:, None]
+    assert_float32_product(got, x, weight, weight.abs())
 
 
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
@@ -85,7 +110,6 @@ def test_float32_linear_uses_them_up_to_its_row_limit_and_the_dense_weight_beyon
     if isinstance(quantized, Int4Weight):
         assert quantized.native is not None
     x = torch.randn(limit + 1, 576, generator=gen)
-    dense = x @ layer.weight.T  # the dequantized values, as the larger calls use them
     few = layer(x[:limit])
     direct = (
         int4_matmul_f32(x[:limit], quantized.native)
@@ -93,7 +117,14 @@ def test_float32_linear_uses_them_up_to_its_row_limit_and_the_dense_weight_beyon
         else int8_matmul_f32(x[:limit], quantized.q, quantized.scales)
     )
     assert direct is not None and torch.equal(few, direct)
-    torch.testing.assert_close(few, dense[:limit], rtol=1e-5, atol=1e-5)
+    if isinstance(quantized, Int4Weight):
+        # Each group's terms are at most 15 * scale + |offset - 8 * scale| (q <= 15).
+        scale, offset = quantized.scales_and_offsets.double().unbind(-1)
+        group_terms = 15 * scale + (offset - 8 * scale).abs()  # [groups, out]
+        magnitude = group_terms.T.repeat_interleave(quantized.group_size, dim=1)
+    else:
+        magnitude = layer.weight.abs()
+    assert_float32_product(few, x[:limit], layer.weight, magnitude)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
 
 
