@@ -21,7 +21,7 @@ from server_helpers import (
     count_content,
     parse_event,
 )
-from sluiceway.api.chunk_socket import ChunkSocket, frame
+from sluiceway.transport.chunk_socket import ChunkSocket, frame
 
 from .fakes import ScriptedRunner
 

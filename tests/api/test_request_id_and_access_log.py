@@ -22,10 +22,10 @@ from server_helpers import (
     eventually,
     parse_event,
 )
-from sluiceway.api import access_log
 from sluiceway.api.metrics import Metrics
 from sluiceway.cli import build_parser
 from sluiceway.config import EngineConfig, ServerConfig
+from sluiceway.transport import access_log
 
 from .fakes import ScriptedRunner
 

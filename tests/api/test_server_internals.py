@@ -1,6 +1,6 @@
-"""The private parts of hypercorn, quart-trio and h11 that `api/tcp_server.py`,
-`api/h11_protocol.py`, `api/connection.py` and `api/chunk_socket.py` override or
-read still have the shape those modules were written against. pyproject.toml
+"""The private parts of hypercorn, quart-trio and h11 that `sluiceway.transport`
+(`tcp_server.py`, `h11_protocol.py`, `connection.py`, `chunk_socket.py`) overrides
+or reads still have the shape those modules were written against. pyproject.toml
 pins the versions; this fails with the name of what changed, so an upgrade is a
 decision, not a surprise."""
 

@@ -17,8 +17,8 @@ from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.worker_context import WorkerContext
 
 from server_helpers import CHAT, RawStream, chat
-from sluiceway.api import tcp_server
-from sluiceway.api.tcp_server import ImmediateSendTCPServer
+from sluiceway.transport import tcp_server
+from sluiceway.transport.tcp_server import ImmediateSendTCPServer
 
 
 class RecordingProtocol:

@@ -15,8 +15,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from sluiceway.api import access_log, errors, sse
-from sluiceway.api.connection import SluicewayHTTPConnection
+from sluiceway.api import errors, sse
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
@@ -25,6 +24,8 @@ from sluiceway.api.routes_misc import blueprint as misc_blueprint
 from sluiceway.api.state import ServerState
 from sluiceway.config import AccessLogStyle, ServerConfig
 from sluiceway.engine.engine import Engine
+from sluiceway.transport import access_log
+from sluiceway.transport.connection import SluicewayHTTPConnection
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,8 @@ import trio
 from quart import Blueprint, Response, current_app, request
 
 from sluiceway import protocol
-from sluiceway.api import access_log, errors, prompts, sse, structured
+from sluiceway.api import errors, prompts, sse, structured
 from sluiceway.api import formatting as fmt
-from sluiceway.api.chunk_socket import ChunkSocket
-from sluiceway.api.connection import connection_nursery, connection_send
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.prompts import Prompt
@@ -40,6 +38,9 @@ from sluiceway.api.validation import (
     completion_request,
 )
 from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.transport import access_log
+from sluiceway.transport.chunk_socket import ChunkSocket
+from sluiceway.transport.connection import connection_nursery, connection_send
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=CommonRequest)

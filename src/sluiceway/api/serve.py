@@ -19,12 +19,12 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from sluiceway.api import access_log, connection_limits, tcp_server
 from sluiceway.api.app import SluicewayApp, create_app
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_serving import publishing_kv_events
+from sluiceway.transport import access_log, connection_limits, tcp_server
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
-from sluiceway.api import access_log, connection_limits
-from sluiceway.api.h11_protocol import RecyclingH11Protocol
+from sluiceway.transport import access_log, connection_limits
+from sluiceway.transport.h11_protocol import RecyclingH11Protocol
 
 log = logging.getLogger(__name__)
 

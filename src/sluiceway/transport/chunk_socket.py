@@ -28,7 +28,7 @@ from hypercorn.events import RawData
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 
-from sluiceway.api.tcp_server import ImmediateSendTCPServer, plain_socket_fd
+from sluiceway.transport.tcp_server import ImmediateSendTCPServer, plain_socket_fd
 
 try:  # h11's chunk writer is private; without it there is no direct path
     from h11._writers import ChunkedWriter

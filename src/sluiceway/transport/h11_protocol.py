@@ -34,7 +34,7 @@ from hypercorn.protocol.events import Body, Data, EndBody
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
 
-from sluiceway.api import connection_limits
+from sluiceway.transport import connection_limits
 
 # How long the app gets to take the end-of-stream notice. Its queue is bounded,
 # and a shielded wait on it must not be able to hang a connection.

@@ -20,8 +20,8 @@ import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from sluiceway.api import access_log
 from sluiceway.config import AccessLogStyle
+from sluiceway.transport import access_log
 
 _nursery: ContextVar[trio.Nursery] = ContextVar("sluiceway_connection_nursery")
 _send: ContextVar[ASGISendCallable] = ContextVar("sluiceway_connection_send")
