@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from sluiceway import protocol
 from sluiceway.api import sse
+from sluiceway.api.completion_shapes import ChatShape, CompletionShape
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.generation import ChoiceState, RequestRun
 from sluiceway.api.prompts import Prompt
-from sluiceway.api.responses import ChatShape, CompletionShape
 from sluiceway.api.routes_generation import _Stream
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import parse_chat_request, parse_completion_request

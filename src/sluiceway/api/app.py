@@ -15,8 +15,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from sluiceway.api import errors, sse
+from sluiceway.api import errors
 from sluiceway.api.formatting import TokenText
+from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
@@ -53,7 +54,7 @@ class SluicewayApp(QuartTrio):
             style = self.access_log_style
             exchange = access_log.Exchange.of(scope, timed=style is not None)
             status, body = self.state.health()
-            data = sse.dumps(body).encode()
+            data = encode_json(body).encode()
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", b"%d" % len(data)),
@@ -79,9 +80,7 @@ def _is_plain_health_check(scope: Any) -> bool:
 
 
 def _error_response(error: errors.APIError) -> Response:
-    response = Response(
-        sse.dumps(error.body()), status=error.status, content_type="application/json"
-    )
+    response = json_response(error.body(), error.status)
     for name, value in error.headers:
         response.headers[name] = value
     return response

@@ -1,11 +1,7 @@
 """OpenAI wire objects built from engine deltas: logprobs and usage as protocol
-types, and streamed chunks as plain dicts.
-
-A streamed chunk is built as dicts and encoded once: this is the only per-token
-work the HTTP layer does on the event loop besides bookkeeping. Its shape is the
-one the protocol types write (tests check every chunk decodes into them and
-re-encodes identically); full responses are built from the types themselves.
-"""
+types. Chunks and full responses are the protocol types themselves
+(`completion_shapes`); a chunk that carries only text is encoded from a template
+compiled from its type once per choice (`sse.EventTemplate`)."""
 
 from __future__ import annotations
 
@@ -77,57 +73,3 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     return protocol.Usage(
         prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, details
     )
-
-
-def chat_chunk_choice(
-    index: int,
-    delta: dict[str, Any],
-    finish_reason: str | None = None,
-    logprobs: list[protocol.ChatTokenLogprob] | None = None,
-    stop_reason: str | int | None = None,
-) -> dict[str, Any]:
-    """A streamed chat choice as `protocol.ChatCompletionChunkChoice.to_dict` writes
-    it, built as dicts: this runs per token on the event loop."""
-    choice: dict[str, Any] = {
-        "index": index,
-        "delta": delta,
-        "logprobs": None if logprobs is None else protocol.ChatLogprobs(logprobs).to_dict(),
-        "finish_reason": finish_reason,
-    }
-    if stop_reason is not None:  # the extension is left out while it says nothing
-        choice["stop_reason"] = stop_reason
-    return choice
-
-
-def completion_chunk_choice(
-    index: int,
-    text: str,
-    finish_reason: str | None = None,
-    logprobs: protocol.CompletionLogprobs | None = None,
-    stop_reason: str | int | None = None,
-) -> dict[str, Any]:
-    """A streamed completions choice as `protocol.CompletionChoice.to_dict` writes
-    it, built as dicts: this runs per token on the event loop."""
-    choice: dict[str, Any] = {
-        "index": index,
-        "text": text,
-        "logprobs": None if logprobs is None else logprobs.to_dict(),
-        "finish_reason": finish_reason,
-    }
-    if stop_reason is not None:  # the extension is left out while it says nothing
-        choice["stop_reason"] = stop_reason
-    return choice
-
-
-def envelope(
-    kind: str, request_id: str, created: int, model: str, choices: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The object around choices: `kind` is the OpenAI `object` field."""
-    return {
-        "id": request_id,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": choices,
-    }

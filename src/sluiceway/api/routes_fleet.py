@@ -23,11 +23,12 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
-from sluiceway.api import prompts, sse
+from sluiceway.api import prompts
+from sluiceway.api.json_body import json_response
 from sluiceway.api.routes_generation import chat_prompts, completion_prompts
-from sluiceway.api.state import ServerState
+from sluiceway.api.state import ServerState, current_state
 from sluiceway.fleet.kv_events_config import KVEventSource
 
 blueprint = Blueprint("fleet", __name__)
@@ -35,25 +36,17 @@ blueprint = Blueprint("fleet", __name__)
 _WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]"})
 
 
-def _state() -> ServerState:
-    return current_app.config["SLUICEWAY_STATE"]
-
-
-def _json(obj: Any) -> Response:
-    return Response(sse.dumps(obj), content_type="application/json")
-
-
 @blueprint.get("/get_load")
 async def get_load() -> Response:
-    stats = _state().engine.stats()
-    return _json({"load": stats.num_running_seqs + stats.num_waiting_seqs})
+    stats = current_state().engine.stats()
+    return json_response({"load": stats.num_running_seqs + stats.num_waiting_seqs})
 
 
 @blueprint.get("/get_server_info")
 async def get_server_info() -> Response:
-    state = _state()
+    state = current_state()
     block_size = state.engine.block_size
-    return _json(
+    return json_response(
         {
             "model_path": state.model_name,
             "served_model_name": state.model_name,
@@ -67,25 +60,23 @@ async def get_server_info() -> Response:
 
 @blueprint.get("/get_model_info")
 async def get_model_info() -> Response:
-    name = _state().model_name
-    return _json({"model_path": name, "tokenizer_path": name, "is_generation": True})
+    name = current_state().model_name
+    return json_response({"model_path": name, "tokenizer_path": name, "is_generation": True})
 
 
 @blueprint.post("/flush_cache")
 @blueprint.post("/reset_prefix_cache")
 async def reset_prefix_cache() -> Response:
-    done = await _state().engine.reset_prefix_cache()
-    return Response(
-        sse.dumps({"reset": done}), status=200 if done else 409, content_type="application/json"
-    )
+    done = await current_state().engine.reset_prefix_cache()
+    return json_response({"reset": done}, 200 if done else 409)
 
 
 @blueprint.get("/kv_event_sources")
 async def kv_event_sources() -> Response:
-    source = _state().kv_event_source
+    source = current_state().kv_event_source
     if source is None:
-        return _json({})
-    return _json({"0": _source_entry(source, request.host)})
+        return json_response({})
+    return json_response({"0": _source_entry(source, request.host)})
 
 
 def _source_entry(source: KVEventSource, host: str) -> dict[str, Any]:
@@ -134,10 +125,10 @@ async def _render(
     """The body parsed and tokenized exactly as the generation route does, answered
     as vLLM's GenerateRequest for the first prompt (a chat request has one; a
     router routes a request of several prompts by its first)."""
-    state = _state()
+    state = current_state()
     data = await request.get_data(cache=False)
     req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
-    return _json(
+    return json_response(
         {
             "request_id": uuid.uuid4().hex,
             "token_ids": list(ready[0].token_ids),

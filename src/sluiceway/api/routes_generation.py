@@ -13,22 +13,30 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, TypeVar
 
 import attrs
 import trio
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from sluiceway import protocol
 from sluiceway.api import errors, prompts, sse, structured
 from sluiceway.api import formatting as fmt
+from sluiceway.api.completion_shapes import (
+    ChatShape,
+    ChunkChoice,
+    CompletionShape,
+    Shape,
+    full_response,
+)
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.json_body import json_response
 from sluiceway.api.prompts import Prompt
-from sluiceway.api.responses import ChatShape, CompletionShape, Shape, full_response
-from sluiceway.api.state import ServerState
+from sluiceway.api.state import ServerState, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import (
     ChatRequest,
@@ -47,15 +55,6 @@ R = TypeVar("R", bound=CommonRequest)
 blueprint = Blueprint("generation", __name__)
 
 
-def _state() -> ServerState:
-    return current_app.config["SLUICEWAY_STATE"]
-
-
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
-        raise errors.model_not_found(model)
-
-
 def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, list[Prompt]]:
     """A chat body validated, its conversations rendered and tokenized (run by
     `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
@@ -65,7 +64,7 @@ def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, li
         max_choices=state.server_config.max_choices_per_request,
         max_messages=state.engine.max_model_len,
     )
-    _check_model(state, req.model)
+    state.check_model(req.model)
     tok = state.tokenizer
     tools = req.tool_use.tools if req.tool_use is not None else ()
     return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
@@ -79,36 +78,38 @@ def completion_prompts(state: ServerState, data: bytes | str) -> tuple[Completio
         state.vocab_size,
         max_choices=state.server_config.max_choices_per_request,
     )
-    _check_model(state, req.model)
+    state.check_model(req.model)
     return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
 
 
 @blueprint.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    state = _state()
-    started = trio.current_time()
-    state.check_accepting()
-    data = await request.get_data(cache=False)
-
-    req, ready = await prompts.prepare(state, len(data), partial(chat_prompts, state, data))
-    prompts.check_lengths(state, ready, req.params.max_tokens, "messages")
-    req = await _with_grammar(state, req)
-    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
-    return await _respond(run, req, ChatShape(req, state.token_text), "messages")
+    return await _generate(chat_prompts, ChatShape, "messages")
 
 
 @blueprint.post("/v1/completions")
 async def completions() -> Response:
-    state = _state()
+    return await _generate(completion_prompts, CompletionShape, "prompt")
+
+
+async def _generate(
+    parse: Callable[[ServerState, bytes | str], tuple[R, list[Prompt]]],
+    shape: Callable[[R, fmt.TokenText], Shape],
+    param: str,
+) -> Response:
+    """One generation request end to end: 503 while draining, the body parsed and
+    tokenized (`parse`), lengths checked against `param`, the grammar compiled,
+    then the response in `shape`."""
+    state = current_state()
     started = trio.current_time()
     state.check_accepting()
     data = await request.get_data(cache=False)
 
-    req, ready = await prompts.prepare(state, len(data), partial(completion_prompts, state, data))
-    prompts.check_lengths(state, ready, req.params.max_tokens, "prompt")
+    req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
+    prompts.check_lengths(state, ready, req.params.max_tokens, param)
     req = await _with_grammar(state, req)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
-    return await _respond(run, req, CompletionShape(req, state.token_text), "prompt")
+    return await _respond(run, req, shape(req, state.token_text), param)
 
 
 async def _with_grammar(state: ServerState, req: R) -> R:
@@ -126,7 +127,7 @@ async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str
     created = int(time.time())
     if not req.stream:
         body = await _complete(run, req, shape, param, request_id, created)
-        return Response(sse.dumps(body), content_type="application/json")
+        return json_response(body)
     stream = _Stream(run, req, shape, param, request_id, created)
     result = await connection_nursery().start(stream.run)
     if isinstance(result, APIError):
@@ -233,25 +234,24 @@ class _Stream:
         assert self.output is not None
         self.output.put(sse.event(obj))
 
-    def _chunk(self, choice: ChoiceState, body: dict[str, Any]) -> None:
+    def _chunk(self, choice: ChoiceState, body: ChunkChoice) -> None:
         self._emit(self._chunk_object(choice, body))
 
-    def _chunk_object(self, choice: ChoiceState, body: dict[str, Any]) -> dict[str, Any]:
-        chunk = fmt.envelope(
-            self.shape.chunk_kind,
-            self.request_id,
-            self.created,
-            self.run_state.state.model_name,
-            [body],
-        )
+    def _chunk_object(self, choice: ChoiceState, body: ChunkChoice) -> dict[str, Any]:
+        """The chunk of `body` as its protocol type writes it: usage as the stream
+        options ask (per chunk, null until the usage chunk, or left out)."""
         opts = self.req.stream_options
+        usage = None
         if opts.continuous_usage_stats:
-            chunk["usage"] = fmt.usage(
-                len(choice.prompt.token_ids), choice.num_output_tokens
-            ).to_dict()
-        elif opts.include_usage:
-            chunk["usage"] = None
-        return chunk
+            usage = fmt.usage(len(choice.prompt.token_ids), choice.num_output_tokens)
+        return self.shape.chunk_type(
+            id=self.request_id,
+            model=self.run_state.state.model_name,
+            choices=[body],  # type: ignore[list-item]
+            created=self.created,
+            usage=usage,
+            usage_null=usage is None and opts.include_usage,
+        ).to_dict()
 
     def _text_event(self, choice: ChoiceState, text: str) -> bytes:
         """The event of a chunk of `choice` that carries only `text`: what `_chunk`
@@ -295,12 +295,13 @@ class _Stream:
         if error is not None:
             self._emit(error.body())
         elif self.req.stream_options.include_usage:
-            chunk = fmt.envelope(
-                self.shape.chunk_kind, self.request_id, self.created, run.state.model_name, []
+            chunk = self.shape.chunk_type(
+                id=self.request_id,
+                model=run.state.model_name,
+                choices=[],
+                created=self.created,
+                usage=fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens),
             )
-            chunk["usage"] = fmt.usage(
-                run.prompt_tokens, run.completion_tokens, run.cached_tokens
-            ).to_dict()
-            self._emit(chunk)
+            self._emit(chunk.to_dict())
         assert self.output is not None
         self.output.put(sse.DONE)

@@ -10,8 +10,9 @@ from typing import Any
 
 import attrs
 import trio
+from quart import current_app
 
-from sluiceway.api.errors import APIError, draining, engine_unhealthy
+from sluiceway.api.errors import APIError, draining, engine_unhealthy, model_not_found
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
 from sluiceway.config import ServerConfig
@@ -69,6 +70,11 @@ class ServerState:
         size = len(self.engine.tokenizer)
         return size if self.model_vocab_size is None else min(size, self.model_vocab_size)
 
+    def check_model(self, name: str | None) -> None:
+        """Raise the 404 a request naming another model gets (None names this one)."""
+        if name is not None and name != self.model_name:
+            raise model_not_found(name)
+
     def check_accepting(self) -> None:
         """Raise the 503 a new generation request gets while draining or unhealthy."""
         if self.draining:
@@ -120,3 +126,8 @@ class ServerState:
         """The grace period is over: make every open request end its response now."""
         for scope in list(self._drain_scopes):
             scope.cancel()
+
+
+def current_state() -> ServerState:
+    """The state of the app serving the current request (only inside a request)."""
+    return current_app.config["SLUICEWAY_STATE"]

@@ -13,14 +13,15 @@ from sluiceway.api.generation import ChoiceState, RequestRun
 from sluiceway.api.validation import ChatRequest, CompletionRequest
 from sluiceway.engine.outputs import ChoiceDelta
 
+_EMPTY_DELTA = protocol.DeltaMessage()
+
 
 @attrs.frozen
 class ChatShape:
     request: ChatRequest
     token_text: fmt.TokenText
-    chunk_kind: str = "chat.completion.chunk"
-    full_kind: str = "chat.completion"
     id_prefix: str = "chatcmpl-"
+    chunk_type: type[protocol.ChatCompletionChunk] = protocol.ChatCompletionChunk
 
     def _logprobs(self, choice_logprobs: Any) -> list[protocol.ChatTokenLogprob] | None:
         if not self.request.logprobs:
@@ -32,9 +33,11 @@ class ChatShape:
         use = self.request.tool_use
         return use is not None and use.parse_calls
 
-    def open_choice(self, choice: ChoiceState) -> dict[str, Any] | None:
+    def open_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChunkChoice | None:
         """The first chunk of every choice carries the role, as OpenAI sends it."""
-        return fmt.chat_chunk_choice(choice.index, {"role": "assistant", "content": ""})
+        return protocol.ChatCompletionChunkChoice(
+            choice.index, protocol.DeltaMessage(role="assistant", content="")
+        )
 
     def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
         """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
@@ -48,22 +51,32 @@ class ChatShape:
             return delta.text
         return None
 
-    def text_choice(self, index: int, text: str) -> dict[str, Any]:
-        return fmt.chat_chunk_choice(index, {"content": text})
+    def text_choice(self, index: int, text: str) -> protocol.ChatCompletionChunkChoice:
+        return protocol.ChatCompletionChunkChoice(index, protocol.DeltaMessage(content=text))
 
-    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
+    def delta_choice(
+        self, choice: ChoiceState, delta: ChoiceDelta
+    ) -> protocol.ChatCompletionChunkChoice | None:
         finish: str | None = delta.finish_reason
         if self.parses_tool_calls:
             body, finish = self._tool_delta(choice, delta)
         else:
-            body = {"content": delta.text} if delta.text else {}
+            body = protocol.DeltaMessage(content=delta.text or None)
         logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
-        if not body and logprobs is None and finish is None:
+        if body == _EMPTY_DELTA and logprobs is None and finish is None:
             return None
-        return fmt.chat_chunk_choice(choice.index, body, finish, logprobs, delta.stop_reason)
+        return protocol.ChatCompletionChunkChoice(
+            choice.index,
+            body,
+            finish,
+            None if logprobs is None else protocol.ChatLogprobs(logprobs),
+            delta.stop_reason,
+        )
 
     @staticmethod
-    def _tool_delta(choice: ChoiceState, delta: ChoiceDelta) -> tuple[dict[str, Any], str | None]:
+    def _tool_delta(
+        choice: ChoiceState, delta: ChoiceDelta
+    ) -> tuple[protocol.DeltaMessage, str | None]:
         """The delta's content and tool-call pieces, and its finish reason: a choice
         that stopped after making calls finishes with "tool_calls"."""
         parser = choice.tool_parser
@@ -75,10 +88,7 @@ class ChatShape:
             content += parser.finish()
             if finish == "stop" and parser.calls:
                 finish = "tool_calls"
-        body: dict[str, Any] = {"content": content} if content else {}
-        if calls:
-            body["tool_calls"] = [call.to_dict() for call in calls]
-        return body, finish
+        return protocol.DeltaMessage(content=content or None, tool_calls=calls or None), finish
 
     def final_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChoice:
         logprobs = self._logprobs(choice.logprobs)
@@ -105,14 +115,13 @@ class ChatShape:
 class CompletionShape:
     request: CompletionRequest
     token_text: fmt.TokenText
-    chunk_kind: str = "text_completion"
-    full_kind: str = "text_completion"
     id_prefix: str = "cmpl-"
+    chunk_type: type[protocol.CompletionChunk] = protocol.CompletionChunk
 
-    def open_choice(self, choice: ChoiceState) -> dict[str, Any] | None:
+    def open_choice(self, choice: ChoiceState) -> protocol.CompletionChoice | None:
         if not (self.request.echo and choice.prompt.text):
             return None
-        return fmt.completion_chunk_choice(choice.index, choice.prompt.text)
+        return protocol.CompletionChoice(choice.index, choice.prompt.text)
 
     def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
         """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
@@ -127,17 +136,17 @@ class CompletionShape:
             return delta.text
         return None
 
-    def text_choice(self, index: int, text: str) -> dict[str, Any]:
-        return fmt.completion_chunk_choice(index, text)
+    def text_choice(self, index: int, text: str) -> protocol.CompletionChoice:
+        return protocol.CompletionChoice(index, text)
 
-    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> dict[str, Any] | None:
+    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> protocol.CompletionChoice | None:
         logprobs = None
         if self.request.params.logprobs is not None and delta.logprobs:
             logprobs = fmt.completion_logprobs(delta.logprobs, self.token_text, choice.text_offset)
         choice.text_offset += len(delta.text)
         if not delta.text and logprobs is None and delta.finish_reason is None:
             return None
-        return fmt.completion_chunk_choice(
+        return protocol.CompletionChoice(
             choice.index, delta.text, delta.finish_reason, logprobs, delta.stop_reason
         )
 
@@ -157,6 +166,7 @@ class CompletionShape:
 
 
 Shape = ChatShape | CompletionShape
+ChunkChoice = protocol.ChatCompletionChunkChoice | protocol.CompletionChoice
 
 
 def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) -> dict[str, Any]:
