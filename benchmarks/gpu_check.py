@@ -5,7 +5,7 @@
 2. Otherwise: decode throughput of a Llama-3-8B-shaped random-weight bf16 model
    (32 layers, hidden 4096, 32 heads, 8 kv heads, intermediate 14336, vocab 128256)
    at several batch sizes with ~512 tokens of context each, three ways: the
-   sluiceway runner's forward (`build_inputs` + `LlamaModel` with `TritonAttention`,
+   sluiceway runner's forward (`build_inputs` + `DecoderModel` with `TritonAttention`,
    eagerly, and through the runner's `DecodeGraphs`: inputs copied into static
    buffers, then a CUDA graph replay), a plain transformers `LlamaForCausalLM`
    forward loop over a static KV cache, and the memory-bandwidth bound (weight
@@ -179,12 +179,12 @@ class OursDecode:
         from sluiceway.engine.sampling_params import SamplingParams
         from sluiceway.runner.kernels.backend import TritonAttention
         from sluiceway.runner.kv_cache import KVCache
-        from sluiceway.runner.model import LlamaModel
+        from sluiceway.runner.model import DecoderModel
         from sluiceway.runner.model_runner import build_inputs
 
         self.model = getattr(hf_model, "_sluiceway_model", None)
         if self.model is None:
-            self.model = LlamaModel(config, hf_model.state_dict(), dtype=dtype, device=device)
+            self.model = DecoderModel(config, hf_model.state_dict(), dtype=dtype, device=device)
             hf_model._sluiceway_model = self.model
         shape = self.model.shape
         per_seq = -(-(context + 1) // block_size)

@@ -9,7 +9,7 @@ bucket, are not taken (`run` returns None) and the runner runs them eagerly.
 Padding rows have slot -1, which the cache write skips, and context length 0, for
 which attention computes nothing: they read and write no KV block at all, so no
 block has to be reserved for them. Their outputs are uninitialised and dropped.
-Everything in `LlamaModel.forward` other than attention works row by row, so a
+Everything in `DecoderModel.forward` other than attention works row by row, so a
 padding row never changes a real one (a GEMM over B rows may still round a real
 row differently in the last bit than one over n rows).
 
@@ -29,7 +29,7 @@ import torch
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
 from sluiceway.runner.kernels.backend import TritonAttention
-from sluiceway.runner.model import LlamaModel
+from sluiceway.runner.model import DecoderModel
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1  # the cache write skips negative slots
@@ -75,7 +75,7 @@ class DecodeGraphs:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         attention: AttentionBackend,
         *,
         batch_sizes: Sequence[int],

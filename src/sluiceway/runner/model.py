@@ -142,8 +142,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-class LlamaModel:
-    """Weights plus the forward pass. Holds no per-sequence state."""
+class DecoderModel:
+    """A decoder-only transformer of the Llama layout (Llama, Qwen2, Mistral):
+    weights plus the forward pass. Holds no per-sequence state."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """One rank's slice of a Llama-family model, and its slice of the KV cache.
 
-`ShardedLlamaModel` is `LlamaModel` over the rank's weights (see `sharding.py`)
+`ShardedDecoderModel` is `DecoderModel` over the rank's weights (see `sharding.py`)
 with the three seams that make the slices one model: the embedding and the
 row-parallel projections are summed over ranks (all-reduce), and rank 0
 gathers every rank's slice of the logits. The fused one-token C step is off: it
@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.runner.attention import AttentionBackend, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.model import LlamaModel
+from sluiceway.runner.model import DecoderModel
 from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan
 
 
-class ShardedLlamaModel(LlamaModel):
+class ShardedDecoderModel(DecoderModel):
     """Rank `plan.rank`'s slice; every rank must run `forward` on the same inputs,
     in step (each call makes collectives on `group`). `forward` returns the whole
     vocabulary's logits on rank 0 and this rank's padded slice elsewhere."""
@@ -101,7 +101,7 @@ class ShardRunner:
         cpu_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.device = device
-        self.model = ShardedLlamaModel(
+        self.model = ShardedDecoderModel(
             hf_config, state_dict, plan, dtype=dtype, device=device, group=group
         )
 
@@ -127,7 +127,7 @@ class ShardRunner:
 
     def logits(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         """Run one step's chunks (every rank the same ones, in step); the sampling
-        rows' logits as `ShardedLlamaModel.forward` returns them."""
+        rows' logits as `ShardedDecoderModel.forward` returns them."""
         inputs = build_inputs(chunks, self.kv_cache.block_size, self.model.shape.scale, self.device)
         meta = self.attention.prepare(inputs.meta)
         return self.model.forward(
