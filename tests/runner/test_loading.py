@@ -128,15 +128,16 @@ def test_a_gguf_model_is_converted_once_then_loaded_from_the_cache(tmp_path, mon
 
 
 def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
+    from sluiceway.cache_paths import cache_root
     from sluiceway.runner import loading
 
     monkeypatch.setenv("SLUICEWAY_CACHE_DIR", "off")
     assert loading.converted_gguf_dir(loading.default_model_path()) is None
     monkeypatch.setenv("SLUICEWAY_CACHE_DIR", str(tmp_path))
-    assert loading.cache_root() == tmp_path
+    assert cache_root() == tmp_path
     monkeypatch.delenv("SLUICEWAY_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert loading.cache_root() == tmp_path / "xdg" / "sluiceway"
+    assert cache_root() == tmp_path / "xdg" / "sluiceway"
 
 
 def test_a_second_writer_leaves_the_first_entry_and_no_debris(tmp_path, tiny_llama, tokenizer):

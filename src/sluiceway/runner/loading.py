@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import torch
 
+from sluiceway.cache_paths import cache_root
 from sluiceway.runner.model import SUPPORTED_MODEL_TYPES
 
 log = logging.getLogger(__name__)
@@ -156,18 +157,6 @@ def _load_parts(directory: Path, gguf: str | None, dtype: torch.dtype, progress:
     module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
     module.eval()
     return config, tokenizer, module
-
-
-def cache_root() -> Path | None:
-    """Where converted models are kept: `$SLUICEWAY_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/sluiceway` (default `~/.cache/sluiceway`); None when
-    `SLUICEWAY_CACHE_DIR` is set to "off"."""
-    configured = os.environ.get("SLUICEWAY_CACHE_DIR")
-    if configured == "off":
-        return None
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "sluiceway"
 
 
 def converted_gguf_dir(gguf_path: Path) -> Path | None:

@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from sluiceway.cache_paths import cache_root
+
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -56,8 +58,6 @@ def library_key(source: str) -> str:
 
 
 def _build_dir() -> Path:
-    from sluiceway.runner.loading import cache_root
-
     root = cache_root()
     if root is None:  # caching is off: build for this process only
         return Path(tempfile.mkdtemp(prefix="sluiceway-native-"))
