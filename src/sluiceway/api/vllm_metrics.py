@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sluiceway.api.metrics import LatencyHistogram
+from sluiceway.api.latency_histogram import LatencyHistogram
 
 LABEL = "model_name"
 
