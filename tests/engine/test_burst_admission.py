@@ -8,7 +8,7 @@ import trio
 import trio.testing
 from engine_fakes import ByteTokenizer, ScriptedRunner
 
-from sluiceway import cli
+from sluiceway import flags
 from sluiceway.config import EngineConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.sampling_params import SamplingParams
@@ -95,9 +95,9 @@ async def test_a_server_that_never_goes_quiet_delays_the_first_step_by_the_windo
 
 def test_the_burst_window_is_a_serve_flag():
     parser = argparse.ArgumentParser()
-    cli.add_engine_flags(parser)
-    assert cli.engine_config(parser.parse_args([])).burst_window == 0.05
-    assert cli.engine_config(parser.parse_args(["--burst-window", "0"])).burst_window == 0
+    flags.add_engine_flags(parser)
+    assert flags.engine_config(parser.parse_args([])).burst_window == 0.05
+    assert flags.engine_config(parser.parse_args(["--burst-window", "0"])).burst_window == 0
     for bad in ("-1", "inf", "nan"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--burst-window", bad])

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 from engine_fakes import ByteTokenizer, ScriptedRunner
 
-from sluiceway import cli
+from sluiceway import cli, flags
 from sluiceway.config import EngineConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.model_thread import CallingThread
@@ -86,16 +86,16 @@ def test_a_step_timeout_needs_the_model_thread():
         EngineConfig(steps_on_event_loop=True, step_timeout=5.0)
 
 
-def _serve_args(*flags: str) -> argparse.Namespace:
+def _serve_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    cli.add_engine_flags(parser)
-    return parser.parse_args(list(flags))
+    flags.add_engine_flags(parser)
+    return parser.parse_args(list(argv))
 
 
 def test_the_cli_keeps_its_watchdog_default_only_on_the_model_thread(capsys):
-    default = cli.engine_config(_serve_args())
-    assert (default.steps_on_event_loop, default.step_timeout) == (False, cli.DEFAULT_STEP_TIMEOUT)
-    on_loop = cli.engine_config(_serve_args("--steps-on-event-loop"))
+    default = flags.engine_config(_serve_args())
+    assert (default.steps_on_event_loop, default.step_timeout) == (False, flags.DEFAULT_STEP_TIMEOUT)
+    on_loop = flags.engine_config(_serve_args("--steps-on-event-loop"))
     assert (on_loop.steps_on_event_loop, on_loop.step_timeout) == (True, None)
     # Both at once: refused before any model is loaded.
     assert cli.main(["serve", "--steps-on-event-loop", "--step-timeout", "5"]) == 2

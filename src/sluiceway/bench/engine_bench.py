@@ -18,6 +18,7 @@ import attrs
 from sluiceway.config import EngineConfig
 from sluiceway.engine.core import EngineCore
 from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.flags import model_config
 
 
 @attrs.frozen
@@ -76,7 +77,6 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     """Entry point of `sluiceway bench engine`. The engine is built the way the
     server builds it (`load_bundle`: device, attention backend, quantization,
     decode graphs), on this thread, which also runs every step."""
-    from sluiceway.cli import model_config
     from sluiceway.model_engine import build_core, load_bundle
 
     batches = [int(b) for b in args.batch_sizes.split(",")]

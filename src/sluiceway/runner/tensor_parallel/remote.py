@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from sluiceway.cli import add_engine_flags, add_model_flags, engine_config, model_config
+from sluiceway.flags import add_engine_flags, add_model_flags, engine_config, model_config
 from sluiceway.runner.tensor_parallel.launch import DEFAULT_MASTER_PORT, rank_spec
 from sluiceway.runner.tensor_parallel.rank import run_rank
 

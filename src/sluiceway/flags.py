@@ -1,0 +1,188 @@
+"""The model and engine flags, and the configurations they give, shared by every
+command that builds an engine: `sluiceway serve`, `sluiceway bench engine` and a
+remote tensor-parallel rank (`runner/tensor_parallel/remote.py`).
+
+Only argparse and the configuration types: a command that needs these flags
+imports this module, never the `sluiceway` command line itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from sluiceway.config import EngineConfig, ModelConfig
+
+DEFAULT_STEP_TIMEOUT = 300.0
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'512MiB', '2GB', '1.5G' or a plain byte count -> bytes (binary multiples)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MiB or 2GiB)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * 1024 ** "BKMGT".index(unit or "B")) if unit else int(number)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a float above zero."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int above zero."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite float, zero or more."""
+    value = float(text)
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError("must be zero or more, and finite")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int, zero or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags `model_config` reads, as a "model" group."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["auto", "torch", "triton"],
+        help="auto: triton kernels on CUDA, torch elsewhere",
+    )
+    group.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="CPU only: weight-only quantized linears, much faster for a few streams; changes "
+        "outputs. auto (default): int4 or int8 for a GGUF stored 4-8-bit where the native "
+        "kernels run (bfloat16 on AVX512-BF16, float32 on AVX2), else none; the start-up log "
+        "says which and why",
+    )
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CUDA: run every step eagerly instead of replaying captured decode graphs",
+    )
+    group.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="split the model over N rank processes (one GPU each on CUDA; see "
+        "docs/tensor-parallel.md for ranks on other machines)",
+    )
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the flags `engine_config` reads, as an "engine" group."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together")
+    group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="tokens per model step")
+    group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    group.add_argument("--kv-cache-memory", type=parse_size, default=1 << 30, help="KV cache size, e.g. 1GiB")
+    group.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (overrides --kv-cache-memory)")
+    group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait for a free sequence slot; beyond it requests get 429")
+    group.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prefixes")
+    group.add_argument(
+        "--step-timeout",
+        type=positive_float,
+        default=None,
+        help="watchdog: a model step longer than this many seconds fails the engine (503 on "
+        f"/health; default {DEFAULT_STEP_TIMEOUT:g}, none with --steps-on-event-loop)",
+    )
+    group.add_argument(
+        "--steps-on-event-loop",
+        action="store_true",
+        help="run the model on the event loop's own thread, not a model thread: less server "
+        "work per token (one int4 stream on a 2-core CPU: x1.04-1.06), but nothing is answered "
+        "while a step runs and there is no step watchdog",
+    )
+    group.add_argument(
+        "--event-loop-decode-max-seqs",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="decode steps of at most N sequences run on the event loop's own thread, "
+        "without the watchdog (one int4 stream on a 2-core CPU: x1.03-1.05), but nothing, "
+        "/health included, is answered while such a step runs; 0: every step on the model "
+        "thread (default 0)",
+    )
+    group.add_argument(
+        "--burst-window",
+        type=non_negative_float,
+        default=0.05,
+        metavar="SECONDS",
+        help="an idle engine woken by a request waits up to this long, until the server has "
+        "been idle for 0.5 ms, so that the rest of a burst of parallel requests joins the first "
+        "step (0: step at once; default 0.05)",
+    )
+    group.add_argument(
+        "--stream-interval",
+        type=positive_int,
+        default=1,
+        help="tokens per streamed event (the first token is sent at once); more means fewer, "
+        "larger events and less per-token server work, at the cost of a burstier stream",
+    )
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    """The model configuration of parsed `add_model_flags` flags (and
+    `--served-model-name`, where the command has it)."""
+    return ModelConfig(
+        model=args.model,
+        dtype=args.dtype,
+        served_model_name=getattr(args, "served_model_name", None),
+        attention_backend=args.attention_backend,
+        quantization=args.quantization,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration of parsed `add_engine_flags` flags. Raises
+    `ValueError` for flags that cannot go together."""
+    return EngineConfig(
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        max_waiting=args.max_waiting,
+        enable_prefix_caching=not args.no_prefix_caching,
+        step_timeout=_step_timeout(args),
+        stream_interval=args.stream_interval,
+        steps_on_event_loop=args.steps_on_event_loop,
+        event_loop_decode_max_seqs=args.event_loop_decode_max_seqs,
+        burst_window=args.burst_window,
+    )
+
+
+def _step_timeout(args: argparse.Namespace) -> float | None:
+    """The watchdog's limit: as given, else the default where a step can be abandoned."""
+    if args.step_timeout is None and not args.steps_on_event_loop:
+        return DEFAULT_STEP_TIMEOUT
+    return args.step_timeout
