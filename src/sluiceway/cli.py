@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -145,11 +146,22 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prompt-tokens", type=int, default=32)
     e.add_argument("--skip-transformers", action="store_true")
     e.set_defaults(handler=_cmd_bench_engine)
+    s = bench.add_parser("serve", help="streaming load generator for any OpenAI-compatible URL")
+    if _missing_bench_packages([]):
+        return  # listed in --help all the same; `main` refuses to run it
     from sluiceway.bench.serve_bench import add_serve_bench_arguments, run_serve_bench
 
-    s = bench.add_parser("serve", help="streaming load generator for any OpenAI-compatible URL")
     add_serve_bench_arguments(s)
     s.set_defaults(handler=run_serve_bench)
+
+
+def _missing_bench_packages(argv: Sequence[str]) -> list[str]:
+    """The packages of the `bench` extra that `bench serve` with these arguments
+    needs and cannot import: httptools and tqdm always, matplotlib for a plot."""
+    needed = ["httptools", "tqdm"]
+    if any(a.startswith("--plot") for a in argv):  # argparse takes abbreviations
+        needed.append("matplotlib")
+    return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
@@ -182,6 +194,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sluiceway.client.chat_cli import main as chat_main
 
         return chat_main(argv[1:])
+    if argv[:2] == ["bench", "serve"] and (missing := _missing_bench_packages(argv[2:])):
+        print(
+            f"sluiceway: bench serve needs the bench extra ({', '.join(missing)} not "
+            "installed): pip install 'sluiceway[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     configure_logging()
     try:
