@@ -47,10 +47,11 @@ class EngineConfig:
     host one stream kept `/health` waiting for seconds. The watchdog does not
     cover those steps.
     `burst_window` is how many seconds an idle engine, woken by a request, may
-    hold its first step while the server is still busy (taking in the rest of a
-    burst of parallel requests), so that the burst is prefilled in one step
-    rather than the first request alone and the rest after it; the step starts as
-    soon as the server has had nothing to do for half a millisecond (0: at once).
+    hold its first step while other requests are still being prepared (the rest
+    of a burst of parallel requests, see `engine.arrivals`), so that the burst is
+    prefilled in one step rather than the first request alone and the rest after
+    it; the step starts as soon as none is being prepared and none has begun or
+    arrived for half a millisecond (0: at once).
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)

@@ -134,9 +134,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         type=non_negative_float,
         default=0.05,
         metavar="SECONDS",
-        help="an idle engine woken by a request waits up to this long, until the server has "
-        "been idle for 0.5 ms, so that the rest of a burst of parallel requests joins the first "
-        "step (0: step at once; default 0.05)",
+        help="an idle engine woken by a request waits up to this long, while other requests "
+        "are still being read and tokenized, so that the rest of a burst of parallel requests "
+        "joins the first step (0: step at once; default 0.05)",
     )
     group.add_argument(
         "--stream-interval",

@@ -204,7 +204,8 @@ async def test_engine_close_refuses_new_work_and_lets_open_work_finish(autojump_
 
 async def test_watchdog_fails_a_hung_step_instead_of_hanging(autojump_clock):
     gate = threading.Event()  # never set while the request waits: the step hangs
-    engine, _ = make_engine(ScriptedRunner(gate=gate), step_timeout=30)
+    # No burst window: the hung step is the first step, at time 0.
+    engine, _ = make_engine(ScriptedRunner(gate=gate), step_timeout=30, burst_window=0)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)

@@ -39,7 +39,9 @@ def _served_engine(runner: _ThreadRecordingRunner) -> Engine:
     return Engine(
         runner,
         tok,
-        EngineConfig(step_timeout=30),
+        # The tests' clock stands still, and the burst wait before a first step
+        # runs on trio's clock: no burst window, so the first step starts at once.
+        EngineConfig(step_timeout=30, burst_window=0),
         eos_token_ids=[256],
         max_model_len=128,
         model_thread=ModelThread(name="test-model"),

@@ -15,7 +15,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from sluiceway.api import errors
+from sluiceway.api import errors, prompts
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
@@ -66,6 +66,13 @@ class SluicewayApp(QuartTrio):
             exchange.complete = True
             if style is not None:
                 access_log.write(style, exchange)
+            return
+        if scope["type"] == "http" and scope["method"] == "POST":
+            # From here until the route has it ready for the engine (or the
+            # request ends), an idle engine holds its first step for it, so that
+            # a burst of parallel requests is prefilled together (`Arrivals`).
+            with prompts.arriving(self.state.engine.arrivals):
+                await super().__call__(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 

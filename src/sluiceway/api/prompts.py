@@ -9,8 +9,9 @@ where it fits: on the loop for a small body, else on a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import attrs
@@ -20,6 +21,7 @@ from sluiceway.api.errors import APIError, invalid_request
 from sluiceway.api.state import ServerState
 from sluiceway.api.tool_prompt import fallback_messages, template_knows_tools
 from sluiceway.api.wire import decode
+from sluiceway.engine.arrivals import Arrival, Arrivals
 
 T = TypeVar("T")
 
@@ -32,6 +34,29 @@ INLINE_BYTES = 2048
 # worker thread, one at a time: together they take at most one core from the model,
 # and they never queue ahead of ordinary requests, which keep the other limiter.
 HEAVY_BYTES = 64 << 10
+
+_arrival: ContextVar[Arrival | None] = ContextVar("sluiceway_arrival", default=None)
+
+
+@contextmanager
+def arriving(arrivals: Arrivals) -> Iterator[None]:
+    """Count the current HTTP request as being prepared (see `Arrivals`), so that
+    an idle engine holds its first step for it, until `prepared()` or the end of
+    the block, whichever is first. Tasks started inside the block see it."""
+    with arrivals.preparing() as arrival:
+        token = _arrival.set(arrival)
+        try:
+            yield
+        finally:
+            _arrival.reset(token)
+
+
+def prepared() -> None:
+    """The current request is ready to submit to the engine; nothing outside
+    `arriving`."""
+    arrival = _arrival.get()
+    if arrival is not None:
+        arrival.end()
 
 
 async def prepare(state: ServerState, size: int, fn: Callable[[], T]) -> T:

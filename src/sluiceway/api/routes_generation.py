@@ -104,10 +104,10 @@ async def _generate(
     started = trio.current_time()
     state.check_accepting()
     data = await request.get_data(cache=False)
-
     req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, param)
     req = await _with_grammar(state, req)
+    prompts.prepared()  # an idle engine need hold its first step for us no longer
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, shape(req, state.token_text), param)
 

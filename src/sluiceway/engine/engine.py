@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 import trio
-import trio.testing
 
 from sluiceway.config import EngineConfig
+from sluiceway.engine.arrivals import Arrivals
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
@@ -39,11 +39,11 @@ logger = logging.getLogger(__name__)
 
 ChoiceChannel = trio.MemoryReceiveChannel[ChoiceDelta]
 
-# How long the event loop must have had nothing to run before an engine woken from
-# idle takes its first step (`EngineConfig.burst_window`). Parallel requests reach
-# the server over a few milliseconds, and each then takes about a millisecond of
-# the loop (parsing, chat template, tokenizing), so while a burst is coming in the
-# loop is never idle this long. A lone request pays it once, before its first step.
+# How long nothing new may have begun or reached the engine before an engine woken
+# from idle takes its first step (`EngineConfig.burst_window`, `Arrivals`). Requests
+# still being prepared hold the step regardless; this covers the gap between the
+# requests of a burst, whose bytes reach the server a little apart. A lone request
+# pays it once, before its first step.
 _BURST_QUIET = 0.0005
 
 
@@ -127,6 +127,8 @@ class Engine:
         self._closed = False
         self._abandoned_step = False  # the watchdog left a step running on the model thread
         self._step_boundary = trio.lowlevel.ParkingLot()
+        # The server brackets each request's preparation with `arrivals.preparing()`.
+        self.arrivals = Arrivals()
 
     # ---- caller side ------------------------------------------------------------
 
@@ -246,6 +248,7 @@ class Engine:
                 group,
             )
         )
+        self.arrivals.arrived()
         return request_id, tuple(r for _, r in channels)
 
     def _choices_waiting_for_a_slot(self) -> int:
@@ -311,21 +314,20 @@ class Engine:
                     await self._model_thread.join()
 
     async def _let_burst_arrive(self) -> None:
-        """Return once the event loop has had nothing to run for `_BURST_QUIET`
-        seconds, or after `config.burst_window` seconds, whichever is first.
+        """Return once the burst has arrived (`Arrivals.settle`: no request being
+        prepared, and none begun or submitted for `_BURST_QUIET` seconds), or after
+        `config.burst_window` seconds, whichever is first.
 
         Called when a request wakes the idle engine. Requests sent in parallel
         reach it one after another; stepping at once would prefill the first
         alone while the others are still being read and tokenized, then the rest
-        a step later, and every one of them would wait for both steps (32
-        parallel chat requests: steps of 1, 17 and 14 prompts, where one step of
-        32 takes about as long as the second). Cancellation ends the wait like
-        any other."""
+        a step later, and every one of them would wait for both steps.
+        Cancellation ends the wait like any other."""
         window = self.config.burst_window
         if window <= 0:
             return
         with trio.move_on_after(window):
-            await trio.testing.wait_all_tasks_blocked(_BURST_QUIET)
+            await self.arrivals.settle(_BURST_QUIET)
 
     async def _step(self) -> list[tuple[int, ChoiceDelta]] | None:
         """Run one step where it belongs: a decode of at most
