@@ -1,0 +1,169 @@
+"""The package's modules form layers: no import cycles, and the light layers (the
+wire types, the engine core, the client) load without the heavy stacks.
+
+A cycle makes import order matter and lets a low module reach into a high one;
+the client and the protocol are installed by users who have no torch or server.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sluiceway
+
+PACKAGE_ROOT = Path(sluiceway.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module name that `path` imports at run time, at any depth (imports
+    inside functions included, those under `if TYPE_CHECKING:` not). For
+    `from pkg import name` both `pkg` and `pkg.name` are listed: `name` may be a
+    submodule."""
+    module = _module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for statement in child.orelse:
+                    visit_one(statement)
+            else:
+                visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
+        else:
+            visit(node)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return names
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PACKAGE_ROOT.rglob("*.py")}
+    return {
+        module: {name for name in _imported_names(path) if name in paths and name != module}
+        for module, path in paths.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_relative_and_from_imports_are_resolved():
+    graph = _import_graph()
+    # `from . import prompts` in api/app.py names the submodule.
+    assert "sluiceway.api.prompts" in graph["sluiceway.api.app"]
+    assert "sluiceway.engine.arrivals" in graph["sluiceway.engine.engine"]
+
+
+def test_no_module_imports_itself_back_through_others():
+    cycles = _cycles(_import_graph())
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+_HEAVY = ("torch", "triton", "transformers", "hypercorn", "quart", "quart_trio", "httptools")
+
+
+def _loaded_after_import(module: str) -> set[str]:
+    probe = (
+        "import json, sys\n"
+        f"import {module}\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    return set(json.loads(out))
+
+
+def _package_of(module: str) -> set[str]:
+    """`module` and every package above it: a.b.c -> {a, a.b, a.b.c}."""
+    parts = module.split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
+
+
+def _top_levels(loaded: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in loaded}
+
+
+@pytest.mark.parametrize("module", ["sluiceway.protocol", "sluiceway.engine.core"])
+def test_the_wire_types_and_the_engine_core_need_no_framework(module):
+    loaded = _loaded_after_import(module)
+    assert not _top_levels(loaded) & {*_HEAVY, "trio"}
+    assert not {m for m in loaded if _package_of(m) & {"sluiceway.api", "sluiceway.runner"}}
+
+
+def test_the_client_needs_trio_and_nothing_of_the_server():
+    loaded = _loaded_after_import("sluiceway.client")
+    assert "trio" in loaded
+    assert not _top_levels(loaded) & set(_HEAVY)
+    server_side = {"sluiceway.api", "sluiceway.runner", "sluiceway.bench", "sluiceway.cli"}
+    assert not {m for m in loaded if _package_of(m) & server_side}
