@@ -87,9 +87,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if code != 0:
         return code  # it never served: nothing to hurry
     # The server has drained and stopped, every thread it started has ended and
-    # its log is written. The interpreter's own teardown (about a second on a
-    # 2-core machine, freeing the model and torch's thread pools) would only delay
-    # the exit that a supervisor waits for after SIGTERM.
+    # its log is written. The interpreter's own teardown (freeing the model and
+    # torch's thread pools, which takes a noticeable while on a small machine)
+    # would only delay the exit that a supervisor waits for after SIGTERM.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -43,8 +43,8 @@ class EngineConfig:
     `event_loop_decode_max_seqs` sequences or fewer still runs on the event loop's
     thread (0, the default: never): for one stream that saves two wake-ups across
     threads and the loop's contention with the step for the cores, but the loop
-    answers nothing (`/health` included) while such a step runs: on a busy 2-core
-    host one stream kept `/health` waiting for seconds. The watchdog does not
+    answers nothing (`/health` included) while such a step runs, and on a busy
+    host one stream can keep `/health` waiting for seconds. The watchdog does not
     cover those steps.
     `burst_window` is how many seconds an idle engine, woken by a request, may
     hold its first step while other requests are still being prepared (the rest

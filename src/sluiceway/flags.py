@@ -116,8 +116,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--steps-on-event-loop",
         action="store_true",
         help="run the model on the event loop's own thread, not a model thread: less server "
-        "work per token (one int4 stream on a 2-core CPU: x1.04-1.06), but nothing is answered "
-        "while a step runs and there is no step watchdog",
+        "work per token, but nothing is answered while a step runs and there is no step "
+        "watchdog",
     )
     group.add_argument(
         "--event-loop-decode-max-seqs",
@@ -125,9 +125,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="decode steps of at most N sequences run on the event loop's own thread, "
-        "without the watchdog (one int4 stream on a 2-core CPU: x1.03-1.05), but nothing, "
-        "/health included, is answered while such a step runs; 0: every step on the model "
-        "thread (default 0)",
+        "without the watchdog: a little faster for a lone stream, but nothing, /health "
+        "included, is answered while such a step runs; 0: every step on the model thread "
+        "(default 0)",
     )
     group.add_argument(
         "--burst-window",

@@ -44,12 +44,12 @@ class SluicewayApp(QuartTrio):
         return self.config["SLUICEWAY_STATE"]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Plain `GET /health` is answered here, before quart: through quart it cost
-        0.8 ms of CPU per call on the 2-core dev machine, taken from the model's
-        OpenMP threads under load (a probe every 50 ms cut 32-stream throughput by
-        4-25% in three pairs of runs). Browser checks (an Origin header) still go
-        through quart, for CORS. Its request id is the client's or a counter's, and
-        it is timed only when the access log is on."""
+        """Plain `GET /health` is answered here, before quart: quart's request
+        machinery costs several times the check itself, CPU taken from the model's
+        threads while a load balancer probes under load (`docs/benchmarks.md`,
+        "Measurements behind choices in the code"). Browser checks (an Origin
+        header) still go through quart, for CORS. Its request id is the client's or
+        a counter's, and it is timed only when the access log is on."""
         if _is_plain_health_check(scope):
             style = self.access_log_style
             exchange = access_log.Exchange.of(scope, timed=style is not None)

@@ -18,11 +18,10 @@ class LatencyHistogram(Collector):
     (`_bucket` by `le`, `_count`, `_sum`; no `_created`), but counted in a plain list.
 
     The inter-token histogram is observed for every streamed token on the event
-    loop, between two decode steps. There `Histogram.observe` (a lock per bucket
-    and per sum) took p50 8.6 µs of the ~190 µs the loop spends per token at one
-    stream (timestamps in the server, int4, after a step has run through the
-    caches); this takes one `bisect`. Not thread-safe: observe and scrape on the
-    event loop's thread only, as the server does."""
+    loop, between two decode steps, where `Histogram.observe` (a lock per bucket
+    and per sum) was a visible share of the loop's work per token
+    (`docs/benchmarks.md`); this takes one `bisect`. Not thread-safe: observe and
+    scrape on the event loop's thread only, as the server does."""
 
     def __init__(
         self, name: str, documentation: str, buckets: Iterable[float], registry: CollectorRegistry

@@ -2,9 +2,10 @@
 token ids, or chat conversations via the model's template.
 
 Parsing, validating, rendering a chat template and tokenizing all grow with the
-request body: 110,000 empty messages (3.6 MB) took 3.3-3.6 s of the event loop's
-thread, and every stream on the server paused meanwhile. `prepare` runs that work
-where it fits: on the loop for a small body, else on a worker thread.
+request body: a body of megabytes holds the event loop's thread for seconds, and
+every stream on the server pauses meanwhile. `prepare` runs that work where it
+fits: on the loop for a small body, else on a worker thread (the sizes behind the
+thresholds: `docs/benchmarks.md`, "Measurements behind choices in the code").
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from sluiceway.engine.arrivals import Arrival, Arrivals
 
 T = TypeVar("T")
 
-# Bodies up to this size are prepared on the event loop. A typical chat request
-# (200 bytes) takes about 0.35 ms there; a thread hop added 0.03-0.17 ms at p50 and
-# 0.2-0.3 ms at p90 on an idle 2-core machine (more on a busy one). The costliest
-# body of this size (75 empty messages) takes about 2.4 ms, text about 1.3 ms.
+# Bodies up to this size are prepared on the event loop: for a typical chat
+# request a hop to a worker thread costs about as much as the preparation itself,
+# and the costliest body of this size still takes the loop only a few
+# milliseconds.
 INLINE_BYTES = 2048
-# Bodies above this size (about 30-80 ms of work and up) are prepared on their own
-# worker thread, one at a time: together they take at most one core from the model,
+# Bodies above this size (tens of milliseconds of work and up) are prepared on
+# their own worker thread, one at a time: together they take at most one core from the model,
 # and they never queue ahead of ordinary requests, which keep the other limiter.
 HEAVY_BYTES = 64 << 10
 
@@ -92,15 +93,12 @@ def parse_body(data: bytes | str, type: type[T]) -> T:
     """A request body decoded into its `type` (a 400 `APIError` when it is not one),
     for work run by `prepare`; a stopping point after it.
 
-    Decoding holds the GIL throughout, on any thread. For `json.loads`, the decoder
-    this replaced: about 60 ms for 3.6 MB of small objects; msgspec, which decodes
-    and validates in one pass, takes a fraction of that. `json.loads` held the GIL throughout, on any thread: about 60 ms for 3.6 MB
-    of small objects. Decoders that let other threads in (json's C scanner with
-    Python hooks, its pure-Python scanner) hold it at most 25 ms at a time but
-    take 3-10 times as long, and with the default model another stream then
-    paused longer (434-714 ms against 138-359 ms in five runs each, 4 such bodies
-    at once, 2 cores): a model step retakes the GIL after every torch op, waiting
-    up to the 5 ms switch interval each time while a Python thread computes.
+    Decoding holds the GIL throughout, on any thread; msgspec, which decodes and
+    validates in one pass, holds it for a fraction of what `json.loads` did.
+    Decoders that let other threads in (json's C scanner with Python hooks, its
+    pure-Python scanner) take several times as long, and other streams then
+    paused longer, not shorter: a model step retakes the GIL after every torch op,
+    waiting up to the switch interval each time while a Python thread computes.
     """
     body = decode(data, type)
     check_cancelled()

@@ -82,7 +82,8 @@ async def tokenize() -> Response:
 
 def _tokens_body(tokens: tuple[int, ...], max_model_len: int) -> bytes:
     """`{"count", "max_model_len", "tokens"}` as JSON, the ids joined a slice at a
-    time: one `json.dumps` of a million ids holds the GIL for over 100 ms."""
+    time: one `json.dumps` of a million ids would hold the GIL, and so every
+    stream, for as long as it takes."""
     step = 8192
     ids = ",".join(",".join(map(str, tokens[i : i + step])) for i in range(0, len(tokens), step))
     head = f'{{"count":{len(tokens)},"max_model_len":{max_model_len},"tokens":['

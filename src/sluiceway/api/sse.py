@@ -28,9 +28,8 @@ class EventTemplate:
     `render(text)` gives exactly `event(build(text))`: the bytes before and after the
     string are the same for every text, and the text is escaped by the same encoder.
     A streamed chunk that carries nothing but a token's text then costs one string
-    escape and two joins, where building its dicts and encoding them took p50 34 µs
-    of the ~190 µs the event loop spends per token at one stream (timestamps in the
-    server, int4; 2.7 µs against 0.13 µs warm, in a loop)."""
+    escape and two joins, where building its dicts and encoding them was a sizeable
+    share of the event loop's work per token (`docs/benchmarks.md`)."""
 
     # Control characters are escaped in JSON, so this cannot come from the encoder
     # writing anything but this string.

@@ -3,16 +3,12 @@ blocking socket on a worker thread and parsed by httptools (llhttp); the server-
 events of a streamed body are split after the response has ended.
 
 The load generator runs on the machine it measures, so its CPU per streamed token is
-taken from the server. Through h11 on trio streams it cost 222-241 us at one stream
-(real int4 model): trio's own wake-up per arriving token was about 110 of that (trio
-streams with no parsing at all: 149 us; a blocking socket on a thread: 41), h11, the
-SSE split and JSON per event about 90. Here each read is fed to llhttp (0.2 us per
-event against h11's 5, warm) and noted with its time and the body's length so far,
-and the events are split, matched to the read that completed them and parsed once the
-response is complete. Against the h11 client, alternating client processes on one
-int4 server (`docs/benchmarks.md`, measured at 4ce1fb5): 61 against 222 us per token
-at one stream, the server x1.032 faster (median, in 10 of 12 pairs); 43 against 93
-at 8 streams, x1.050 (8 of 10); 35 against 57 at 32 streams, no change (11 of 22).
+taken from the server. On trio streams most of that was trio's own wake-up per
+arriving token, then h11, the SSE split and JSON per event. Here each read is fed to
+llhttp (many times cheaper per event than h11) and noted with its time and the
+body's length so far, and the events are split, matched to the read that completed
+them and parsed once the response is complete. What the client costs and what the
+server gained from it: `docs/benchmarks.md`.
 
 Timings are what the client saw: an event's time is when the read that completed it
 returned, which is when a streaming parser would have yielded it.

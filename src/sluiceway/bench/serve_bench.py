@@ -232,8 +232,8 @@ async def run_sweep(
                     prompt_tokens = round(report.prompt_tokens_mean)
                 if baseline is not None and before is not None:
                     # Measured right before and right after the level, so that a
-                    # machine whose speed drifts (shared hosts do, by 10-20% within
-                    # minutes) is seen by both figures alike.
+                    # machine whose speed drifts (shared hosts do, within minutes)
+                    # is seen by both figures alike.
                     bar.set_description(f"engine at batch {concurrency}")
                     after = await baseline.rate(
                         concurrency, prompt_tokens, args.output_tokens, rounds

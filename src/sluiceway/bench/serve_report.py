@@ -89,9 +89,9 @@ class LevelReport:
         replacement, seeded, so a report always gives the same interval). The rounds'
         spread comes mostly from the machine's speed drifting between a round's two
         sides; with few rounds the interval is, if anything, too narrow, and it
-        covers only this run: slow spells that outlast a pair move every round alike
-        (on the 2-core host two sweeps half an hour apart gave 91-99% and 79-86% at
-        64 streams). None with fewer than two usable rounds."""
+        covers only this run: slow spells that outlast a pair move every round alike,
+        so two sweeps of the same code can give intervals that do not overlap. None
+        with fewer than two usable rounds."""
         rounds = self.paired_rounds
         if self.paired_fraction is None or rounds is None or len(rounds) < 2:
             return None

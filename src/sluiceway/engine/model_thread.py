@@ -3,12 +3,10 @@ loop's own thread (`CallingThread`).
 
 torch's CPU kernels run on an OpenMP thread team that belongs to the OS thread
 that calls them. Each calling thread gets its own team, and idle teams keep
-spinning: on this 2-core machine a second team (model loaded on the main thread,
-steps run on a trio worker thread) made every decode step ~1.7x slower
-(measured: 128 tokens in 3.0 s on one thread, 5.3-5.5 s once a second thread had
-run torch; at d8a44e6, 2026-12-03, one int4 stream made 246 tok/s on the main thread
-and 95 on a second thread, `docs/benchmarks.md`). So loading and warm-up run on
-one thread, and steps move to another only after the thread they leave has freed
+spinning: on a small machine a second team (model loaded on the main thread,
+steps run on a trio worker thread) made every decode step far slower
+(`docs/benchmarks.md`, "Measurements behind choices in the code"). So loading
+and warm-up run on one thread, and steps move to another only after the thread they leave has freed
 its team (`find_openmp_pool_release`).
 """
 
@@ -127,9 +125,9 @@ class CallingThread:
     With `ModelThread` every step costs two wake-ups across threads (the step to the
     model thread, its result back to the loop), and the loop's work for a token
     contends with the model thread for the GIL and the cores while the next step
-    runs. On the 2-core machine that was about 0.4 ms of every 3.4 ms int4 token at
-    one stream; here the loop's work runs between steps instead, and nothing else
-    answers while a step runs (see `docs/benchmarks.md`, measured at d305d66).
+    runs, a tenth of a small model's token at one stream on two cores
+    (`docs/benchmarks.md`). Here the loop's work runs between steps instead, and
+    nothing else answers while a step runs.
     """
 
     def call(self, fn: Callable[[], T]) -> T:
@@ -176,9 +174,9 @@ def find_openmp_pool_release() -> Callable[[], None] | None:
     Why it matters: `libgomp` lets a waiting worker spin (`GOMP_SPINCOUNT`) only
     while it manages no more threads than there are CPUs (`do_spin` in its
     `config/linux/wait.h`). Once a second thread has a team, workers go to sleep
-    between parallel regions and each region has to wake them again: one int4
-    stream fell from 246 to 95 tok/s (`docs/benchmarks.md`, measured at d8a44e6
-    and 62d3a83, 2026-12-03). Freed first, the next thread ran at 274-280.
+    between parallel regions and each region has to wake them again, and one
+    stream ran at well under half its speed. Freed first, the next thread runs at
+    full speed (`docs/benchmarks.md`).
     """
     runtimes = _loaded_openmp_runtimes()
     if runtimes is None:

@@ -1,7 +1,7 @@
 """Specs -> grammars the engine can follow token by token (llguidance).
 
-Compiling is cheap for ordinary schemas (under a millisecond for a tool schema on
-the default model's vocabulary, `benchmarks/grammar_backends.py`): llguidance
+Compiling is cheap for ordinary schemas (`benchmarks/grammar_backends.py`
+measures it): llguidance
 builds the lexer lazily, as masks are computed, within its per-step limits
 (`LLParserLimits`: about 15 ms of lexer work per token at most), so no grammar can
 make one step hang. The server still compiles off the event loop, under a time

@@ -141,9 +141,8 @@ class TorchAttention:
     """Paged attention in torch (SDPA) plus one C kernel; the CPU default.
 
     Decode sequences attend with the native `paged_decode` kernel where it is
-    available (a bfloat16 or float32 cache on a CPU with a C compiler: 2.5x faster
-    than the SDPA path at 32 sequences in bfloat16, 1.5x at 4,096 tokens of context
-    in float32, see `native/paged_decode.py`); otherwise they are gathered
+    available (a bfloat16 or float32 cache on a CPU with a C compiler, faster than
+    the SDPA path, see `native/paged_decode.py`); otherwise they are gathered
     into one padded batch with a length mask for SDPA. Prompts with nothing cached
     attend over their own keys, one SDPA per group of equal length; chunks that
     continue a cached context, one padded SDPA per group of similar size.
@@ -280,9 +279,8 @@ class TorchAttention:
         values = _gather_blocks(v_cache, group.blocks).transpose(1, 2)
         # The query heads that share a KV head go in as that head's queries
         # ([Bd, KVH, H / KVH, D]) rather than as heads of one query each: the same
-        # products, but CPU SDPA with one query per head was 5x slower (2.5 vs
-        # 0.5 ms at 32 sequences of 160 tokens, 9 heads over 3; benchmarks/
-        # attention_decode.py).
+        # products, but CPU SDPA with one query per head is several times slower
+        # (benchmarks/attention_decode.py).
         bd, heads, dim = q.shape
         grouped = q.view(bd, keys.shape[1], heads // keys.shape[1], dim)
         out = F.scaled_dot_product_attention(

@@ -1,8 +1,8 @@
 """Linear layers for the runner: plain, oneDNN-prepacked, or weight-only quantized.
 
 On CPU, `F.linear` in bfloat16 reorders the weight into oneDNN's blocked layout on
-every call; for the 49152x576 output projection that reorder costs more than the
-matmul (measured here: about 10 ms vs 2-4 ms per call, batch 1 to 32). Packing
+every call; for a large output projection that reorder costs more than the
+matmul itself. Packing
 once at load time removes it and gives bit-identical results. float32 keeps
 `F.linear` (MKL), so float32 output stays exactly what transformers computes.
 
@@ -11,16 +11,16 @@ Weight-only quantization (`"int8"`: one scale per output row; `"int4"`: groups o
 decode step read a half or a quarter of bfloat16's weight bytes. A step with one
 row per sequence is bound by those bytes at small batches, so the quantized
 kernels win there; from about 8 rows on they lose to the dense bf16 matmul
-(measured with `benchmarks/runner_ab.py`, see docs/benchmarks.md). So a quantized
+(`benchmarks/runner_ab.py`, `benchmarks/linear_paths.py`). So a quantized
 `Linear` keeps both: the packed quantized weight for calls with at most
 `quantized_max_rows` rows, and the dequantized weight, packed densely, for larger
 calls. Both compute with the same (quantized) weight values, so a sequence sees the
 same model whichever path its batch takes (in half precision the two round
-differently: about 0.2% apart, measured on random weights).
+differently, a rounding apart).
 The quantized kernels are CPU kernels, so quantization is refused on other
 devices. It is a speed option, not a memory one: a quantized layer holds its
 dense copy as well (bf16 plus a quarter to a half; int4 in bfloat16 on an
-AVX512-BF16 CPU adds the native kernel's copy, another 0.3 of bf16's bytes).
+AVX512-BF16 CPU adds the native kernel's copy as well).
 """
 
 from __future__ import annotations
@@ -46,11 +46,10 @@ QUANTIZATIONS = (None, "int8", "int4")
 INT4_GROUP_SIZE = 32
 # Calls with more rows than this take the dense path; see the module docstring.
 QUANTIZED_MAX_ROWS = 8
-# float32 with the AVX2 kernels (benchmarks/linear_paths.py --rows 8,16,24,32, two
-# runs): at 16 rows the gate+up projection takes 588-604 us on int4 against 666-798
-# dense and the down projection breaks even (342-349 against 313-358); from 24 rows
-# the dense product wins. The output head's dense product is slow at few rows, so
-# its int8 kernel wins up to 32 (20.9-21.0 against 29.3-31.1 ms).
+# float32 with the AVX2 kernels (benchmarks/linear_paths.py --rows 8,16,24,32): up
+# to 16 rows the layers' int4 products are at least as fast as the dense ones, from
+# 24 the dense product wins. The output head's dense product is slow at few rows,
+# so its int8 kernel wins up to 32. The figures: docs/benchmarks.md.
 FLOAT32_QUANTIZED_MAX_ROWS = 16
 FLOAT32_HEAD_QUANTIZED_MAX_ROWS = 32
 
@@ -116,7 +115,7 @@ class Int4Weight:
     Packed for `torch.ops.aten._weight_int4pack_mm_for_cpu` (`packed` with
     `scales_and_offsets`) and, where a native kernel serves the dtype, in its layout
     as well (`native`): for bfloat16 with AVX512-BF16, `int4_matvec` serves calls of
-    one row (1.07x faster whole batch-1 steps, see `native/quantized_matvec.c`); for
+    one row (faster whole batch-1 steps, see `native/quantized_matvec.c`); for
     float32 with AVX2, `int4_matmul_f32` serves calls of any row count (torch's
     kernel is several times slower than a dense float32 product there). torch's
     kernel serves the rest. All compute with the same weight values."""
@@ -186,7 +185,7 @@ def quantize_weight(
 
 def default_quantized_max_rows(dtype: torch.dtype, *, output_head: bool = False) -> int:
     """Up to how many rows a quantized layer of `dtype` is faster on its quantized
-    kernel than on its dense weight (measured, see the constants above)."""
+    kernel than on its dense weight (see the constants above)."""
     if dtype == torch.float32 and quantized_matmul_f32_available():
         return FLOAT32_HEAD_QUANTIZED_MAX_ROWS if output_head else FLOAT32_QUANTIZED_MAX_ROWS
     return QUANTIZED_MAX_ROWS
@@ -230,9 +229,9 @@ class Linear:
         if _mkldnn_packable(weight):
             self.kind = "mkldnn"
             # No batch-size hint: oneDNN then picks a layout that serves every batch
-            # size. A hint of 1 (used before) made 32-row decode steps 7% slower
-            # (benchmarks/runner_ab.py) and, past about 200 rows, no longer matched
-            # F.linear bit for bit; without the hint it matches at every size.
+            # size. A hint of 1 made large-batch decode steps slower
+            # (benchmarks/runner_ab.py) and, past a few hundred rows, no longer
+            # matched F.linear bit for bit; without the hint it matches at every size.
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
         else:
             self.kind = "plain"

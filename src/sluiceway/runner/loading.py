@@ -217,10 +217,10 @@ def _save_converted(target: Path, tokenizer, module) -> None:
 
 
 def _load_gguf(directory: Path, gguf: str, dtype: torch.dtype, progress: bool):
-    """Parsing a GGUF in transformers takes ~18 s even for the 135M default model (the
-    file is re-read for config, tokenizer and weights, each field by field). So the
-    first load saves the converted model in the cache, and later loads read that
-    directory (~2 s). The cached weights are float32, the dequantized values
+    """Parsing a GGUF in transformers is slow even for the small default model (the
+    file is re-read for config, tokenizer and weights, each field by field), many
+    times slower than reading the converted model back. So the first load saves the
+    converted model in the cache, and later loads read that directory. The cached weights are float32, the dequantized values
     exactly, whatever dtype is asked for (4 bytes a parameter on disk). An entry
     that no longer loads is converted again."""
     cached = converted_gguf_dir(directory / gguf)

@@ -172,9 +172,9 @@ class DecoderModel:
             else state_dict.get("lm_head.weight")
         )
         # The output projection is the most quantization-sensitive weight; like
-        # llama.cpp's 4-bit formats, int4 keeps it at 8 bits (measured with
-        # benchmarks/quantization_quality.py: perplexity 47.9 with an int4 head,
-        # 42.8 with an int8 one, 43.1 in float32).
+        # llama.cpp's 4-bit formats, int4 keeps it at 8 bits: a 4-bit head costs
+        # far more perplexity than all the 4-bit layers together
+        # (benchmarks/quantization_quality.py).
         self.lm_head = Linear(
             self.embed if lm_head is None else _need(state_dict, "lm_head.weight", dtype, device),
             quantization="int8" if quantization == "int4" else quantization,

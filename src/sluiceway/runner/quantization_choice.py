@@ -15,8 +15,8 @@ activations on a CPU with AVX512-BF16 (`native/quantized_matvec.c`), or float32
 activations on a CPU with AVX2 and FMA (`native/quantized_matmul_f32.c`).
 Elsewhere the weight-only products fall back to torch's
 `_weight_int4pack_mm_for_cpu` and `_weight_int8pack_mm`, which in float32 on an
-AVX2-only CPU took 8 to 20 times as long per call as the float32 product they
-replace (`benchmarks/linear_paths.py`, see docs/benchmarks.md). So there "auto"
+AVX2-only CPU take many times as long per call as the float32 product they
+replace (`benchmarks/linear_paths.py`). So there "auto"
 keeps the weights unquantized and says why.
 """
 

@@ -9,9 +9,8 @@ sends exactly the bytes h11 would have sent: the response's head has gone out, h
 frames its body in chunks (HTTP/1.1, no Content-Length), and no other send is in
 progress on the connection. h11 keeps no count of chunks, so its state stays right.
 
-With a fake model (the real HTTP stack, a runner that sleeps per step), the event
-loop's CPU per streamed token fell from 55 to 38 µs at 32 streams and from 201 to
-172 µs at one stream (two servers, requests alternating; `/proc` thread times).
+This cuts the event loop's CPU per streamed token by about a third at many
+streams (`docs/benchmarks.md`).
 
 Anything else (HTTP/2, TLS, HTTP/1.0, another ASGI server, hypercorn internals that
 no longer look as this was written against) gets no `ChunkSocket`, and the events

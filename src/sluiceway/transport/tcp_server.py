@@ -3,12 +3,9 @@
 For every piece of a response, hypercorn's `TCPServer.protocol_send` takes a
 `trio.Lock`, enters a shielded cancel scope and calls `SocketStream.send_all`.
 The lock and the socket send each end in a checkpoint that yields to the
-scheduler, so one streamed token cost three task steps in the writing task.
-On the 2-core dev machine, with a fake model at 32 streams, the server spent
-157-187 µs of CPU per streamed token with hypercorn's send and 98-137 µs with
-this one (three alternating runs each). That CPU comes out of the model's OpenMP
-threads: with the real model (int4, 32 streams, 8 alternating pairs of runs)
-throughput rose by a factor of 1.035.
+scheduler, so one streamed token cost three task steps in the writing task. That
+CPU comes out of the model's threads; what this send saved, in server CPU per
+token and in throughput, is in `docs/benchmarks.md`.
 
 `ImmediateSendTCPServer.protocol_send` first tries one non-blocking write on the
 plain TCP socket when no other send holds the lock. Whatever the kernel does not

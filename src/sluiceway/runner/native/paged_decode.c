@@ -21,8 +21,7 @@
  * Two implementations: portable C (any head_dim up to 256, both element types), and,
  * for bfloat16 where the compiler
  * targets AVX512-BF16, one specialised for head_dim 64 or 128 and up to 8 query
- * heads per KV head (2x faster here: 129 vs 235 us for 32 sequences of 128 tokens,
- * 9 heads over 3).
+ * heads per KV head (about twice as fast as the portable one; docs/benchmarks.md).
  */
 #include <math.h>
 #include <omp.h>

@@ -4,9 +4,8 @@
 batch and runs SDPA on it, for every layer of every step; this reads each
 sequence's own slots in place and does work proportional to its real length.
 bfloat16 caches (the default on a CPU with bfloat16) and float32 caches (the
-default elsewhere: at 4,096 tokens of context the gather + SDPA path spent 1.5x
-as long per layer as this kernel at one sequence and at eight,
-`benchmarks/attention_context.py`, see docs/benchmarks.md); float16 keeps the
+default elsewhere: at long contexts the gather + SDPA path takes markedly longer
+per layer than this kernel, `benchmarks/attention_context.py`); float16 keeps the
 torch path.
 """
 

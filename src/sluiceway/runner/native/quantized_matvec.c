@@ -5,11 +5,10 @@
  * it runs at memory speed or not at all: 32 weights become 32 bfloat16s in three
  * instructions (zero-extend, mask or shift, one table lookup) and meet the
  * activations in one vdpbf16ps; four output rows run side by side so the float adds
- * do not wait on each other; the rows ahead are prefetched. Measured on the default
- * model's int4 weights (benchmarks/runner_ab.py --quantization int4): whole batch-1
- * decode steps 1.07x faster than with torch's _weight_int4pack_mm_for_cpu. At 2 and
- * 4 rows a kernel like this one was no faster than torch's (x0.98, x0.96), so those
- * stay with torch.
+ * do not wait on each other; the rows ahead are prefetched. On the default model's
+ * int4 weights (benchmarks/runner_ab.py --quantization int4) whole batch-1 decode
+ * steps are faster than with torch's _weight_int4pack_mm_for_cpu; at 2 and 4 rows a
+ * kernel like this one was no faster than torch's, so those stay with torch.
  *
  * The weight is quantized in groups of 32 inputs: w = (q - 8) * scale + offset with
  * q in 0..15 and scale, offset bfloat16 (the values `Int4Weight.quantize` makes).
@@ -47,9 +46,8 @@ int quantized_matvec_available(void) {
 /* Prefetch the ROWS_TOGETHER rows (`stride` bytes each) PREFETCH_ROWS after row o,
  * when they are still this thread's (below `end`). ROWS_TOGETHER rows are read as
  * that many short interleaved streams, which the hardware prefetcher does not
- * follow: cold int4 weights ran at 13 GB/s against torch's 21 without this.
- * Forced inline: gcc 12 left it a call, and the int8 head took 1.1-1.6 ms instead
- * of 0.7-1.1. */
+ * follow: without this, cold int4 weights streamed well below torch's speed.
+ * Forced inline: gcc 12 left it a call, and the int8 head became markedly slower. */
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *w, int64_t o,
                                                                  int64_t end, int64_t stride) {
     if (o + PREFETCH_ROWS + ROWS_TOGETHER > end) return;

@@ -131,8 +131,8 @@ class TensorParallelRunner:
         # Ranks fork from multiprocessing's fork server, a fresh single-threaded
         # process that has imported torch and the model code once: spawning each
         # rank anew paid that import once per rank, at the same time, on the same
-        # cores (2 ranks of a tiny model took about 25 s to start on a busy 2-core
-        # machine). Never fork this process itself: it runs threads.
+        # cores, which on a busy small machine took tens of seconds. Never fork this
+        # process itself: it runs threads.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(_PRELOAD)
         lifeline_reader, self._lifeline = context.Pipe(duplex=False)
