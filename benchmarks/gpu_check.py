@@ -179,12 +179,12 @@ class OursDecode:
         from sluiceway.engine.sampling_params import SamplingParams
         from sluiceway.runner.kernels.backend import TritonAttention
         from sluiceway.runner.kv_cache import KVCache
-        from sluiceway.runner.model import DecoderModel
         from sluiceway.runner.model_runner import build_inputs
+        from sluiceway.runner.models.decoder import DecoderModel
 
         self.model = getattr(hf_model, "_sluiceway_model", None)
         if self.model is None:
-            self.model = DecoderModel(config, hf_model.state_dict(), dtype=dtype, device=device)
+            self.model = DecoderModel.from_checkpoint(config, hf_model.state_dict(), dtype=dtype, device=device)
             hf_model._sluiceway_model = self.model
         shape = self.model.shape
         per_seq = -(-(context + 1) // block_size)

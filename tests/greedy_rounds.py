@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from sluiceway.engine.batch import SampledToken, StepBatch
 from sluiceway.engine.core import EngineCore
 from sluiceway.engine.sampling_params import SamplingParams
 
@@ -61,3 +62,19 @@ def greedy_rounds(
             )
         )
     return runs
+
+
+@attrs.frozen
+class FewerBlocks:
+    """A runner seen by the engine as having only `num_blocks` of its blocks: one set
+    of ranks serves runs with and without KV-cache pressure."""
+
+    runner: Any
+    num_blocks: int
+
+    @property
+    def block_size(self) -> int:
+        return int(self.runner.block_size)
+
+    def step(self, batch: StepBatch) -> list[SampledToken]:
+        return list(self.runner.step(batch))

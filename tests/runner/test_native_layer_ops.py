@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.model import apply_rope
+from sluiceway.runner.models.rope import apply_rope
 from sluiceway.runner.native.layer_ops import NativeLayerOps, TorchLayerOps, layer_ops_for
 
 from .conftest import make_runner

@@ -8,6 +8,7 @@ import torch
 from tp_helpers import tiny_llama
 from transformers import LlamaConfig
 
+from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.tensor_parallel.checkpoint import lazy_checkpoint
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan, TensorParallelError
 from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
@@ -15,6 +16,11 @@ from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest
 
 def config(**overrides) -> LlamaConfig:
     return LlamaConfig(**dict(TINY_LLAMA, vocab_size=250, **overrides))
+
+
+def shard(plan: ShardPlan, cfg, state_dict) -> dict[str, torch.Tensor]:
+    """The rank's canonical weights (`runner/models/weights.py`) of `state_dict`."""
+    return plan.shard(family_for(cfg).weight_views(cfg, state_dict), state_dict)
 
 
 def test_kv_heads_split_when_the_size_divides_them():
@@ -61,19 +67,21 @@ def test_the_slices_put_back_together_are_the_whole_weights():
         f"{p}input_layernorm.weight": torch.randn(64),
         "model.embed_tokens.weight": torch.randn(250, 64),
     }
-    shards = [ShardPlan.for_config(cfg, 2, r).shard(whole) for r in range(2)]
+    shards = [shard(ShardPlan.for_config(cfg, 2, r), cfg, whole) for r in range(2)]
     cat = lambda name, dim: torch.cat([s[name] for s in shards], dim=dim)  # noqa: E731
-    assert torch.equal(cat(f"{p}self_attn.q_proj.weight", 0), whole[f"{p}self_attn.q_proj.weight"])
-    assert torch.equal(cat(f"{p}self_attn.k_proj.weight", 0), whole[f"{p}self_attn.k_proj.weight"])
-    assert torch.equal(cat(f"{p}self_attn.o_proj.weight", 1), whole[f"{p}self_attn.o_proj.weight"])
-    assert torch.equal(cat(f"{p}mlp.down_proj.weight", 1), whole[f"{p}mlp.down_proj.weight"])
+    q = "layers.0."
+    assert torch.equal(cat(f"{q}q.weight", 0), whole[f"{p}self_attn.q_proj.weight"])
+    assert torch.equal(cat(f"{q}k.weight", 0), whole[f"{p}self_attn.k_proj.weight"])
+    assert torch.equal(cat(f"{q}o.weight", 1), whole[f"{p}self_attn.o_proj.weight"])
+    assert torch.equal(cat(f"{q}down.weight", 1), whole[f"{p}mlp.down_proj.weight"])
     # A row-parallel bias is added once, by rank 0.
-    assert torch.equal(shards[0][f"{p}self_attn.o_proj.bias"] + shards[1][f"{p}self_attn.o_proj.bias"], whole[f"{p}self_attn.o_proj.bias"])
-    assert all(torch.equal(s[f"{p}input_layernorm.weight"], whole[f"{p}input_layernorm.weight"]) for s in shards)
+    assert torch.equal(shards[0][f"{q}o.bias"] + shards[1][f"{q}o.bias"], whole[f"{p}self_attn.o_proj.bias"])
+    assert all(torch.equal(s[f"{q}input_norm"], whole[f"{p}input_layernorm.weight"]) for s in shards)
     # 250 rows in 2 slices of 125; with 3 ranks, 84 rows each and 2 zero rows of padding.
-    assert torch.equal(cat("model.embed_tokens.weight", 0), whole["model.embed_tokens.weight"])
-    thirds = [ShardPlan.for_config(config(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=3), 3, r) for r in range(3)]
-    embed = torch.cat([t.shard(whole)["model.embed_tokens.weight"] for t in thirds])
+    assert torch.equal(cat("embed", 0), whole["model.embed_tokens.weight"])
+    cfg3 = config(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=3)
+    thirds = [ShardPlan.for_config(cfg3, 3, r) for r in range(3)]
+    embed = torch.cat([shard(t, cfg3, whole)["embed"] for t in thirds])
     assert embed.shape == (252, 64)
     assert torch.equal(embed[:250], whole["model.embed_tokens.weight"]) and not embed[250:].any()
 
@@ -96,6 +104,6 @@ def test_a_safetensors_checkpoint_is_sliced_without_reading_it_whole(tmp_path):
     whole = model.state_dict()
     for rank in range(4):
         plan = ShardPlan.for_config(config, 4, rank)
-        from_file, from_memory = plan.shard(lazy), plan.shard(whole)
+        from_file, from_memory = shard(plan, config, lazy), shard(plan, config, whole)
         assert from_file.keys() == from_memory.keys()
         assert all(torch.equal(from_file[k], from_memory[k]) for k in from_file)

@@ -7,12 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from greedy_rounds import Run, greedy_rounds
-from sluiceway.engine.batch import SampledToken, StepBatch
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 from sluiceway.runner.tensor_parallel.driver import free_loopback_port
 from sluiceway.runner.tensor_parallel.messages import RankSpec, WeightsSource
@@ -53,22 +51,6 @@ def start_ranks(model: LlamaForCausalLM, size: int, **spec: Any) -> TensorParall
         RankSpec(world_size=size, init_method=free_loopback_port(), source=weights, **options),
         step_timeout=step_timeout,
     )
-
-
-@attrs.frozen
-class FewerBlocks:
-    """A runner seen by the engine as having only `num_blocks` of its blocks: one set
-    of ranks serves runs with and without KV-cache pressure."""
-
-    runner: Any
-    num_blocks: int
-
-    @property
-    def block_size(self) -> int:
-        return int(self.runner.block_size)
-
-    def step(self, batch: StepBatch) -> list[SampledToken]:
-        return list(self.runner.step(batch))
 
 
 def run_rounds(runner: Any, prompts: list[list[int]], *, budget: int, rounds: int = 1) -> list[Run]:

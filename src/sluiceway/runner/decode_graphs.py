@@ -29,7 +29,7 @@ import torch
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
 from sluiceway.runner.kernels.backend import TritonAttention
-from sluiceway.runner.model import DecoderModel
+from sluiceway.runner.models.decoder import DecoderModel
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1  # the cache write skips negative slots

@@ -24,7 +24,8 @@ import attrs
 import torch
 
 from sluiceway.cache_paths import cache_root
-from sluiceway.runner.model import SUPPORTED_MODEL_TYPES
+from sluiceway.runner.models.architecture import UnsupportedModel
+from sluiceway.runner.models.registry import check_supported
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +150,10 @@ def _load_parts(directory: Path, gguf: str | None, dtype: torch.dtype, progress:
     else:
         hf_logging.disable_progress_bar()
     config = AutoConfig.from_pretrained(directory, **kwargs)
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"unsupported architecture {config.model_type!r}; supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-        )
+    try:
+        check_supported(config)
+    except UnsupportedModel as exc:
+        raise ModelLoadError(str(exc)) from None
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
     module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
     module.eval()

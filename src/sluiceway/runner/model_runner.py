@@ -21,7 +21,8 @@ from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, Torc
 from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
 from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
 from sluiceway.runner.loading import LoadedModel
-from sluiceway.runner.model import DecoderModel, ModelShape
+from sluiceway.runner.models.architecture import ModelShape
+from sluiceway.runner.models.decoder import DecoderModel
 from sluiceway.runner.sampler import sample
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class TorchModelRunner:
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
         self.device = torch.device(device)
-        self.model = DecoderModel(
+        self.model = DecoderModel.from_checkpoint(
             hf_config, state_dict, dtype=dtype, device=self.device, quantization=quantization
         )
         self.kv_cache = allocate_kv_cache(

@@ -21,7 +21,8 @@ from sluiceway.runner.native.quantized_matvec import int8_matvec_available
 if TYPE_CHECKING:
     from sluiceway.runner.attention import AttentionMetadata
     from sluiceway.runner.kv_cache import KVCache
-    from sluiceway.runner.model import LayerWeights, ModelShape
+    from sluiceway.runner.models.architecture import ModelShape
+    from sluiceway.runner.models.layer import LayerWeights
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _ARGTYPES = [_P, _P, _I, _N] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N]
@@ -118,8 +119,9 @@ class OneTokenDecode:
             row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
             tensors += [layer.input_norm, layer.post_norm]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                projection = _projection(linear)
-                if projection is None:
+                # A layer of experts has no single gate_up and down: not this step's.
+                projection = None if linear is None else _projection(linear)
+                if linear is None or projection is None:
                     return None
                 bits, weight, scales = projection
                 kinds.add(bits)
@@ -144,7 +146,9 @@ class OneTokenDecode:
         fn = _function(dtype)
         if fn is None:
             return None
-        intermediate = layers[0].down.in_features
+        down = layers[0].down
+        assert down is not None  # every layer's projections were checked above
+        intermediate = down.in_features
         return cls(fn, shape, pointers, intermediate, kv_cache, kinds.pop())
 
     def serves(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:

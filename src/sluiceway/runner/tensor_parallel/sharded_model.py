@@ -1,4 +1,4 @@
-"""One rank's slice of a Llama-family model, and its slice of the KV cache.
+"""One rank's slice of a model, and its slice of the KV cache.
 
 `ShardedDecoderModel` is `DecoderModel` over the rank's weights (see `sharding.py`)
 with the three seams that make the slices one model: the embedding and the
@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.runner.attention import AttentionBackend, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.model import DecoderModel
 from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs
+from sluiceway.runner.models.decoder import DecoderModel
+from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan
 
 
@@ -42,8 +43,11 @@ class ShardedDecoderModel(DecoderModel):
         device: torch.device | str = "cpu",
         group: dist.ProcessGroup | None = None,
     ) -> None:
+        # The views come from the whole model's config: where a fused checkpoint
+        # tensor's parts begin depends on the whole head counts.
+        views = family_for(config).weight_views(config, state_dict)
         super().__init__(
-            plan.local_config(config), plan.shard(state_dict), dtype=dtype, device=device
+            plan.local_config(config), plan.shard(views, state_dict), dtype=dtype, device=device
         )
         self.plan = plan
         self.group = group

@@ -1,8 +1,10 @@
-"""How a Llama-family checkpoint splits over N tensor-parallel ranks (Megatron-style,
-as vLLM splits it), and the one rank's slice of its weights.
+"""How a model splits over N tensor-parallel ranks (Megatron-style, as vLLM splits
+it), and the one rank's slice of its weights. Each canonical weight's family-given
+`Role` (`runner/models/weights.py`) says how it splits:
 
 - q/k/v and gate/up are column-parallel: each rank holds whole attention heads
-  and a contiguous slice of the MLP's intermediate features.
+  and a contiguous slice of the MLP's intermediate features (of every expert's,
+  in a mixture of experts; the router is replicated).
 - o and down are row-parallel: each rank multiplies its slice of the input
   features, and the partial outputs are summed over ranks (all-reduce). Their
   biases stay on rank 0 only, so the sum adds them once.
@@ -27,6 +29,9 @@ from typing import Any
 import attrs
 import torch
 
+from sluiceway.runner.models.registry import family_for
+from sluiceway.runner.models.weights import Role, WeightView, is_bias, role_of
+
 
 class TensorParallelError(ValueError):
     """The model cannot be split this way, or a rank failed; the message is one line."""
@@ -43,6 +48,7 @@ class ShardPlan:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    expert_intermediate_size: int | None = None
 
     @classmethod
     def for_config(cls, config, world_size: int, rank: int = 0) -> ShardPlan:
@@ -67,6 +73,12 @@ class ShardPlan:
             raise TensorParallelError(
                 f"tensor-parallel size {n} does not divide the model's MLP width {intermediate}"
             )
+        experts = family_for(config).architecture(config).experts
+        expert_width = None if experts is None else experts.intermediate_size
+        if expert_width is not None and expert_width % n:
+            raise TensorParallelError(
+                f"tensor-parallel size {n} does not divide the model's expert width {expert_width}"
+            )
         return cls(
             rank=rank,
             world_size=n,
@@ -75,6 +87,7 @@ class ShardPlan:
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate_size=intermediate,
             vocab_size=config.vocab_size,
+            expert_intermediate_size=expert_width,
         )
 
     @property
@@ -109,48 +122,48 @@ class ShardPlan:
         local.num_attention_heads = self.local_heads
         local.num_key_value_heads = self.local_kv_heads
         local.intermediate_size = self.local_intermediate
+        if self.expert_intermediate_size is not None:
+            local.moe_intermediate_size = self.expert_intermediate_size // self.world_size
         local.head_dim = self.head_dim
         local.vocab_size = self.vocab_per_rank
         return local
 
-    def shard(self, state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        """This rank's slices of `state_dict` (copies, so the whole can be freed).
-        A value may be a tensor or anything indexed like one that has its `shape`
-        (`checkpoint.LazyWeight`: then only the slices are read)."""
-        out: dict[str, torch.Tensor] = {}
-        d = self.head_dim
-        q_rows = slice(self.rank * self.local_heads * d, (self.rank + 1) * self.local_heads * d)
-        kv_rows = slice(self.first_kv_head * d, (self.first_kv_head + self.local_kv_heads) * d)
-        i = self.local_intermediate
-        mlp_rows = slice(self.rank * i, (self.rank + 1) * i)
-        for name, tensor in state_dict.items():
-            out[name] = self._slice(name, tensor, q_rows, kv_rows, mlp_rows).clone()
-        for name in ("model.embed_tokens.weight", "lm_head.weight"):
-            if name in state_dict:
-                out[name] = self._vocab_rows(state_dict[name])
-        return out
+    def shard(
+        self, views: Mapping[str, WeightView], state_dict: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """This rank's slices of the canonical weights `views` of `state_dict`
+        (copies, so the whole can be freed). A value of `state_dict` may be a tensor
+        or anything indexed like one (`checkpoint.LazyWeight`: then only the slices
+        are read)."""
+        return {name: self._slice(name, view, state_dict) for name, view in views.items()}
 
-    def _slice(self, name: str, tensor: Any, q_rows: slice, kv_rows: slice, mlp_rows: slice) -> torch.Tensor:
-        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
-        proj, kind = (leaf[0], leaf[1]) if len(leaf) == 2 else ("", "")
-        if proj == "q_proj":
-            return tensor[q_rows]
-        if proj in ("k_proj", "v_proj"):
-            return tensor[kv_rows]
-        if proj in ("gate_proj", "up_proj"):
-            return tensor[mlp_rows]
-        if proj == "o_proj":
-            return tensor[:, q_rows] if kind == "weight" else self._rank0_bias(tensor)
-        if proj == "down_proj":
-            return tensor[:, mlp_rows] if kind == "weight" else self._rank0_bias(tensor)
-        return tensor[:]  # norms (and the vocabulary weights, sliced by the caller)
+    def _slice(self, name: str, view: WeightView, state_dict: Mapping[str, Any]) -> torch.Tensor:
+        d, i = self.head_dim, self.local_intermediate
+        if ".experts." in name and self.expert_intermediate_size is not None:
+            i = self.expert_intermediate_size // self.world_size
+        role = role_of(name)
+        if role is Role.QUERY_ROWS:
+            first = self.rank * self.local_heads * d
+            return view.read(state_dict, rows=(first, first + self.local_heads * d)).clone()
+        if role is Role.KV_ROWS:
+            first = self.first_kv_head * d
+            return view.read(state_dict, rows=(first, first + self.local_kv_heads * d)).clone()
+        if role is Role.MLP_ROWS:
+            return view.read(state_dict, rows=(self.rank * i, (self.rank + 1) * i)).clone()
+        if role is Role.ROW_PARALLEL:
+            if is_bias(name):  # summed over ranks: rank 0 adds it once
+                whole = view.read(state_dict).clone()
+                return whole if self.rank == 0 else torch.zeros_like(whole)
+            proj = name.split(".")[-1] if ".experts." in name else name.split(".")[2]
+            width = self.local_heads * d if proj == "o" else i
+            first = self.rank * width
+            return view.read(state_dict, cols=(first, first + width)).clone()
+        if role is Role.VOCAB_ROWS:
+            return self._vocab_rows(view, state_dict)
+        return view.read(state_dict).clone()
 
-    def _rank0_bias(self, bias: Any) -> torch.Tensor:
-        whole = bias[:]
-        return whole if self.rank == 0 else torch.zeros_like(whole)
-
-    def _vocab_rows(self, weight: Any) -> torch.Tensor:
-        rows = weight[self.vocab_start : self.vocab_start + self.vocab_per_rank]
-        padded = torch.zeros((self.vocab_per_rank, weight.shape[1]), dtype=rows.dtype)
+    def _vocab_rows(self, view: WeightView, state_dict: Mapping[str, Any]) -> torch.Tensor:
+        rows = view.read(state_dict, rows=(self.vocab_start, self.vocab_start + self.vocab_per_rank))
+        padded = torch.zeros((self.vocab_per_rank, rows.shape[1]), dtype=rows.dtype)
         padded[: rows.shape[0]] = rows
         return padded

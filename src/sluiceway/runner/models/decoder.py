@@ -1,0 +1,224 @@
+"""`DecoderModel`: the forward pass of every family, over a flattened batch.
+
+Tokens from many sequences are concatenated into one `[T]` batch with no padding;
+only attention needs to know where one sequence ends (see `runner/attention.py`).
+Numerics follow transformers' implementations (RMSNorm in float32, RoPE tables in
+float32, rotate-half layout) so greedy output matches `generate`. What differs
+between families is read from their `Architecture`: q/k norms, layers without
+RoPE, partial rotation, experts. The fused C paths run only Llama's layer; a model
+with another one keeps torch's ops for those steps and says why in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
+from sluiceway.runner.kv_cache import KVCache
+from sluiceway.runner.linear import Linear, default_quantized_max_rows
+from sluiceway.runner.models.architecture import Architecture
+from sluiceway.runner.models.layer import LayerWeights, Weights, layer_weights
+from sluiceway.runner.models.registry import family_for
+from sluiceway.runner.models.rope import apply_rope, rope_frequencies
+from sluiceway.runner.models.weights import read_all
+from sluiceway.runner.native.decode_one import OneTokenDecode
+from sluiceway.runner.native.layer_ops import NativeLayerOps, layer_ops_for
+
+log = logging.getLogger(__name__)
+
+
+class DecoderModel:
+    """A decoder-only transformer of any registered family: weights plus the forward
+    pass. Holds no per-sequence state."""
+
+    def __init__(
+        self,
+        config,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        quantization: str | None = None,
+        native_ops: bool | None = None,
+    ) -> None:
+        """`weights` are canonical (`models.weights`); `from_checkpoint` maps a
+        transformers state dict onto them."""
+        self.architecture: Architecture = family_for(config).architecture(config)
+        self.shape = self.architecture.shape
+        self.dtype = dtype
+        self.device = torch.device(device)
+        w = Weights(weights, dtype, self.device)
+        self.embed = w.need("embed")
+        self.final_norm = w.need("final_norm")
+        lm_head = None if self.architecture.tie_word_embeddings else w.get("lm_head")
+        # The output projection is the most quantization-sensitive weight; like
+        # llama.cpp's 4-bit formats, int4 keeps it at 8 bits: a 4-bit head costs
+        # far more perplexity than all the 4-bit layers together
+        # (benchmarks/quantization_quality.py).
+        self.lm_head = Linear(
+            self.embed if lm_head is None else lm_head,
+            quantization="int8" if quantization == "int4" else quantization,
+            quantized_max_rows=default_quantized_max_rows(dtype, output_head=True),
+        )
+        self.layers = [
+            layer_weights(self.architecture, w, i, quantization)
+            for i in range(self.shape.num_layers)
+        ]
+        inv_freq, self.rope_scaling = rope_frequencies(config, self.shape.head_dim)
+        self.inv_freq = inv_freq.to(self.device)
+        # RMSNorm, residual adds and SiLU-and-multiply: C kernels on the CPU for
+        # bfloat16, and for float32 when quantized (unquantized float32 keeps torch's
+        # ops, exactly what transformers computes), as `layer_ops_for` says.
+        self.ops = layer_ops_for(
+            dtype, self.device, native_ops, exact_float32=quantization is None
+        )
+        # Steps of one sequence and one token run every layer in one C call where
+        # the weights allow (`OneTokenDecode`); False keeps the Python layer loop.
+        self.fuse_one_token_steps = self.architecture.llama_layers
+        why = self.architecture.why_not_llama_layers
+        if why is not None and isinstance(self.ops, NativeLayerOps):
+            log.info(
+                "%s: the fused C RoPE and one-call decode step are off (%s); "
+                "its layers run on the other native ops and torch",
+                self.architecture.model_type,
+                why,
+            )
+        self._one_token: tuple[KVCache, OneTokenDecode | None] | None = None
+
+    @classmethod
+    def from_checkpoint(
+        cls, config, state_dict: Mapping[str, torch.Tensor], **kwargs
+    ) -> DecoderModel:
+        """The model of a transformers `config` and its `state_dict`."""
+        views = family_for(config).weight_views(config, state_dict)
+        return cls(config, read_all(views, state_dict), **kwargs)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin `[T, 1, rotary_dim]` in the model dtype, computed in
+        float32 like transformers; the sin table's first half is negated for
+        `apply_rope`."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(self.dtype)
+        sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+        half = sin.shape[-1] // 2
+        sin[:, :half].neg_()
+        return cos[:, None, :], sin[:, None, :]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
+        logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
+        cos, sin = self.rope_tables(positions)
+        eps = self.shape.rms_norm_eps
+        hidden = self.embed_tokens(input_ids)
+        one_token = self._one_token_decode(attention, meta) if input_ids.shape[0] == 1 else None
+        if one_token is not None:
+            hidden = one_token.run(hidden, cos, sin, meta, eps)
+        else:
+            hidden = self._layers(hidden, cos, sin, attention, meta)
+        picked = hidden[logits_indices]
+        picked = self.ops.rms_norm(picked, self.final_norm, eps)
+        return self.output_logits(picked)
+
+    # Three seams a tensor-parallel shard overrides (`runner/tensor_parallel/`): on
+    # one device they are the plain operations.
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings `[T, hidden]` of `input_ids`."""
+        return F.embedding(input_ids, self.embed)
+
+    def output_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final-normed rows `normed`."""
+        return self.lm_head(normed).to(torch.float32)
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """The output of a row-parallel projection (o, down) summed over shards:
+        with the whole weight here, `partial` already is that sum."""
+        return partial
+
+    def _layers(self, hidden, cos, sin, attention, meta) -> torch.Tensor:
+        """Every decoder layer on the embeddings `hidden`: the residual stream after the
+        last one."""
+        ops, eps, last = self.ops, self.shape.rms_norm_eps, len(self.layers) - 1
+        # The residual stream: each add is fused with the RMSNorm that reads its result.
+        x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
+        for i, layer in enumerate(self.layers):
+            attended = self._attention(i, layer, x, cos, sin, attention, meta)
+            hidden, x = ops.add_rms_norm(hidden, attended, layer.post_norm, eps)
+            mlp = self.reduce(self._mlp(layer, x))
+            if i < last:
+                hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[i + 1].input_norm, eps)
+            else:
+                hidden = hidden + mlp
+        return hidden
+
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        if layer.experts is not None:
+            return layer.experts(x, self.ops.silu_mul)
+        assert layer.gate_up is not None and layer.down is not None
+        return layer.down(self.ops.silu_mul(layer.gate_up(x)))
+
+    def _one_token_decode(
+        self, attention: AttentionBackend, meta: AttentionMetadata
+    ) -> OneTokenDecode | None:
+        """The fused C step for a step of one sequence and one token, where this
+        model and backend have one (int4 weights with the native packing, native
+        layer ops and decode attention; built on first use per KV cache)."""
+        if not self.fuse_one_token_steps:
+            return None
+        cache = attention.kv_cache
+        if self._one_token is None or self._one_token[0] is not cache:
+            eligible = (
+                isinstance(self.ops, NativeLayerOps)
+                and isinstance(attention, TorchAttention)
+                and attention.native_decode
+            )
+            self._one_token = (cache, OneTokenDecode.build(self.shape, self.layers, cache, eligible))
+        fused = self._one_token[1]
+        return fused if fused is not None and fused.serves(cache, meta) else None
+
+    def _attention(self, i, layer: LayerWeights, x, cos, sin, attention, meta) -> torch.Tensor:
+        """Self-attention of layer `i` on its normalised input `x`."""
+        s, arch = self.shape, self.architecture
+        qkv = layer.qkv(x)
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        if arch.llama_layers:
+            cache = attention.kv_cache
+            fused = self.ops.rope_and_cache(
+                qkv,
+                cos,
+                sin,
+                s.num_heads,
+                meta.slot_mapping,
+                cache.key_caches[i],
+                cache.value_caches[i],
+            )
+            if fused is not None:
+                q, k, v = fused
+                out = attention.forward(i, q, k, v, meta, kv_written=True)
+                return self.reduce(layer.o(out.reshape(-1, q_size)))
+        heads = s.num_heads + s.num_kv_heads
+        qk = qkv[:, : q_size + kv_size].view(-1, heads, s.head_dim)
+        v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            eps = s.rms_norm_eps
+            q = self.ops.rms_norm(qk[:, : s.num_heads].reshape(-1, s.head_dim), layer.q_norm, eps)
+            k = self.ops.rms_norm(qk[:, s.num_heads :].reshape(-1, s.head_dim), layer.k_norm, eps)
+            qk = torch.cat((q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim)), dim=1)
+        # q and k side by side: one rotation covers both heads' sets (half the
+        # elementwise launches); the result is the same element by element.
+        if arch.rope_layers[i]:
+            qk = apply_rope(qk, cos, sin)
+        q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
+        out = attention.forward(i, q, k, v, meta)
+        return self.reduce(layer.o(out.reshape(-1, q_size)))

@@ -1,0 +1,100 @@
+"""One decoder layer's weights on the device, built from canonical weights
+(`weights`): q/k/v and gate/up fused into one `Linear` each, so a dense layer is
+four matmuls."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import torch
+
+from sluiceway.runner.linear import Linear
+from sluiceway.runner.models.architecture import Architecture
+from sluiceway.runner.models.experts import Expert, Experts
+
+
+@attrs.frozen
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Linear  # hidden -> (H + 2 * KVH) * D
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear | None  # hidden -> 2 * intermediate; None with experts
+    down: Linear | None
+    q_norm: torch.Tensor | None = None  # [D], with `Architecture.qk_norm`
+    k_norm: torch.Tensor | None = None
+    experts: Experts | None = None
+
+
+class Weights:
+    """Canonical weights moved to the device in `dtype`, with the errors a
+    checkpoint that lacks one deserves."""
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], dtype, device) -> None:
+        self._weights, self._dtype, self._device = weights, dtype, device
+
+    def get(self, name: str) -> torch.Tensor | None:
+        tensor = self._weights.get(name)
+        if tensor is None:
+            return None
+        return tensor.to(device=self._device, dtype=self._dtype).contiguous()
+
+    def need(self, name: str) -> torch.Tensor:
+        tensor = self.get(name)
+        if tensor is None:
+            raise ValueError(f"checkpoint has no weight for {name!r}")
+        return tensor
+
+    def fused(self, names: list[str], *, required: bool) -> torch.Tensor | None:
+        parts = [self.get(n) for n in names]
+        if any(p is None for p in parts):
+            if required:
+                missing = [n for n, p in zip(names, parts, strict=True) if p is None]
+                raise ValueError(f"checkpoint has no weight for {', '.join(map(repr, missing))}")
+            return None
+        return torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
+
+
+def layer_weights(
+    arch: Architecture, w: Weights, i: int, quantization: str | None
+) -> LayerWeights:
+    p = f"layers.{i}."
+    q = quantization
+
+    def linear(names: list[str]) -> Linear:
+        weight = w.fused([f"{p}{n}.weight" for n in names], required=True)
+        bias = w.fused([f"{p}{n}.bias" for n in names], required=False)
+        return Linear(weight, bias, quantization=q)  # type: ignore[arg-type]
+
+    experts = None
+    gate_up = down = None
+    if arch.is_moe(i):
+        assert arch.experts is not None
+        experts = Experts(
+            shape=arch.experts,
+            router=w.need(f"{p}router"),
+            experts=[
+                Expert(
+                    gate_up=Linear(
+                        w.fused([f"{p}experts.{e}.gate", f"{p}experts.{e}.up"], required=True),  # type: ignore[arg-type]
+                        quantization=q,
+                    ),
+                    down=Linear(w.need(f"{p}experts.{e}.down"), quantization=q),
+                )
+                for e in range(arch.experts.num_experts)
+            ],
+        )
+    else:
+        gate_up, down = linear(["gate", "up"]), linear(["down"])
+    return LayerWeights(
+        input_norm=w.need(p + "input_norm"),
+        qkv=linear(["q", "k", "v"]),
+        o=linear(["o"]),
+        post_norm=w.need(p + "post_attention_norm"),
+        gate_up=gate_up,
+        down=down,
+        q_norm=w.need(p + "q_norm") if arch.qk_norm else None,
+        k_norm=w.need(p + "k_norm") if arch.qk_norm else None,
+        experts=experts,
+    )

@@ -1,0 +1,14 @@
+"""Qwen2 and Qwen2.5: Llama's layer with biases on q, k and v. Its sliding
+window (`use_sliding_window`) is off in the released models; where it is on, the
+context is held within one window (`loading`)."""
+
+from __future__ import annotations
+
+from sluiceway.runner.models.family import DecoderFamily
+
+
+class Qwen2Family(DecoderFamily):
+    model_types = ("qwen2",)
+
+
+FAMILY = Qwen2Family()
