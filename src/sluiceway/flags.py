@@ -61,7 +61,15 @@ def non_negative_int(text: str) -> int:
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     """Add the flags `model_config` reads, as a "model" group."""
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=None, help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    group.add_argument(
+        "--model",
+        default=None,
+        # Spelled out rather than read from the registry, which imports torch:
+        # `--help` stays quick. A test keeps the two lists equal.
+        help="HF model directory or .gguf file of a supported family (llama, mistral, "
+        "mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm3; default: the embedded "
+        "SmolLM2-135M-Instruct)",
+    )
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     group.add_argument(
         "--attention-backend",

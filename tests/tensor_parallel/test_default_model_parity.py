@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from tp_helpers import FewerBlocks, alive, run_rounds
+from tp_helpers import alive, run_rounds
 
+from greedy_rounds import FewerBlocks
 from sluiceway.runner.loading import LoadedModel, load_model
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.tensor_parallel import TensorParallelRunner

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from tp_helpers import PROMPTS, FewerBlocks, alive, run_rounds, start_ranks, tiny_llama
+from tp_helpers import PROMPTS, alive, run_rounds, start_ranks, tiny_llama
 
+from greedy_rounds import FewerBlocks
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
