@@ -40,7 +40,8 @@ class Decoder:
         per_seq = -(-ctx // runner.block_size)
         self.runner = runner
         self.tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(batch)]
-        self.tokens = [[rng.randrange(100, 40000) for _ in range(prompt)] for _ in range(batch)]
+        top = min(40000, runner.model.shape.vocab_size)
+        self.tokens = [[rng.randrange(100, top) for _ in range(prompt)] for _ in range(batch)]
         self.done = [0] * batch
 
     def step(self) -> None:

@@ -57,6 +57,24 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    # Windows of 8 tokens: every prompt plus its 32 new tokens outgrows them.
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen3-window": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    ),
+    # Soft caps low enough to bite; queries scaled by 1/sqrt(256), not 1/sqrt(16).
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(head_dim=16, sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0], tie_word_embeddings=True)),
     "qwen3_moe": (

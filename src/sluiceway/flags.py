@@ -66,9 +66,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         # Spelled out rather than read from the registry, which imports torch:
         # `--help` stays quick. A test keeps the two lists equal.
-        help="HF model directory or .gguf file of a supported family (llama, mistral, "
-        "mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm3; default: the embedded "
-        "SmolLM2-135M-Instruct)",
+        help="HF model directory or .gguf file of a supported family (gemma2, "
+        "gemma3_text, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm3; "
+        "default: the embedded SmolLM2-135M-Instruct)",
     )
     group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     group.add_argument(

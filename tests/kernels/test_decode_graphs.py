@@ -6,6 +6,7 @@ device the same tests capture and replay real graphs."""
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 
@@ -204,6 +205,19 @@ def test_cuda_graphs_option(tiny, device):
         assert auto.batch_sizes == default_batch_sizes(NUM_BLOCKS)
     else:
         assert auto is None  # no GPU: no graphs unless asked for
+
+
+def test_cuda_graphs_are_refused_for_sliding_window_layers(tiny, device):
+    # Their masked attention plans on the host each step, which a graph cannot replay.
+    config, state = tiny
+    windowed = copy.deepcopy(config)
+    windowed.sliding_window = 8
+    with pytest.raises(ValueError, match="sliding windows or soft caps"):
+        TorchModelRunner(windowed, state, device=device, block_size=BLOCK_SIZE,
+                         num_blocks=NUM_BLOCKS, attention=TritonAttention, cuda_graphs=True)  # fmt: skip
+    auto = TorchModelRunner(windowed, state, device=device, block_size=BLOCK_SIZE,
+                            num_blocks=NUM_BLOCKS, attention=TritonAttention)  # fmt: skip
+    assert auto.decode_graphs is None
 
 
 def _count_syncs(fn) -> int:

@@ -14,6 +14,8 @@ import transformers
 
 from family_models import BASE, FAMILIES, tiny
 from greedy_rounds import FewerBlocks, greedy_rounds
+from sluiceway.engine.batch import ScheduledChunk, StepBatch
+from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.models.architecture import UnsupportedModel
 from sluiceway.runner.models.registry import SUPPORTED_MODEL_TYPES, check_supported, family_for
@@ -67,6 +69,30 @@ def test_batched_chunked_preempted_and_cached_match_generate(name):
         assert tuple(map(tuple, run.tokens)) == expected(name)
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_match_the_transformers_forward(name):
+    # Every prefix of a 21-token prompt in one step, each its own sequence: the
+    # full logits (not only their argmax) show soft caps, scales and windows.
+    model = tiny(name)
+    prompt = [(7 * i + 3) % 256 for i in range(21)]
+    greedy = SamplingParams(temperature=0.0)
+    chunks = tuple(
+        ScheduledChunk(
+            seq_id=i,
+            token_ids=prompt[:i],
+            start_pos=0,
+            block_table=list(range(6 * i, 6 * i + 6)),
+            sample=True,
+            params=greedy,
+        )
+        for i in range(1, len(prompt) + 1)
+    )
+    got = runner(name, num_blocks=6 * 22).forward_logits(StepBatch(chunks=chunks))
+    with torch.no_grad():
+        want = model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_model_type_no_family_serves_is_named():
     config = transformers.GPT2Config()
     with pytest.raises(UnsupportedModel, match="unsupported architecture 'gpt2' \\(config field model_type\\)"):
@@ -77,6 +103,22 @@ def test_an_unsupported_activation_is_named():
     config = transformers.LlamaConfig(**dict(BASE, hidden_act="relu"))
     with pytest.raises(UnsupportedModel, match="hidden_act 'relu'"):
         check_supported(config)
+
+
+def test_an_unsupported_layer_type_is_named():
+    config = transformers.Qwen3Config(**dict(BASE, layer_types=["full_attention", "linear_attention"]))
+    with pytest.raises(UnsupportedModel, match="layer_types entry 'linear_attention'"):
+        check_supported(config)
+
+
+def test_sliding_windows_land_on_the_layers_transformers_gives_them():
+    def windows(name):
+        return family_for(tiny(name).config).architecture(tiny(name).config).layer_windows
+
+    assert windows("mistral-window") == (8, 8)
+    assert windows("qwen3-window") == (None, 8)  # from max_window_layers = 1
+    assert windows("gemma2") == (8, None)  # sliding, full, ...
+    assert windows("qwen2") == ()  # use_sliding_window is off
 
 
 def test_the_model_flag_help_names_every_family():

@@ -9,6 +9,7 @@ sequence A writes in this very step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -97,11 +98,13 @@ class _DecodeGroup:
 
 
 @attrs.frozen
-class _CachedPrefillGroup:
-    """Prefill chunks that continue a cached context (a later chunk of a long prompt,
-    or a prompt whose prefix the cache already held), attended in one padded SDPA:
-    each chunk's queries padded to the longest chunk, its context read from the
-    cache as whole blocks, and a causal mask offset by where the chunk starts."""
+class ContextGroup:
+    """Chunks whose keys are read back from the cache (a later chunk of a long
+    prompt, a prompt whose prefix the cache already held, or any chunk of a layer
+    with a sliding window), attended in one padded call: each chunk's queries
+    padded to the longest chunk, its context read from the cache as whole blocks,
+    and a causal mask offset by where the chunk starts (narrowed to the window
+    where there is one)."""
 
     rows: torch.Tensor  # int64 [G, q_max] token rows of each chunk; padding repeats its last
     valid: torch.Tensor  # bool [G, q_max]: which of `rows` are the chunk's own
@@ -125,11 +128,11 @@ class _FreshPrefillGroup:
 @attrs.frozen
 class _TorchPlan:
     decode: _DecodeGroup | None
-    cached: tuple[_CachedPrefillGroup, ...]
+    cached: tuple[ContextGroup, ...]
     fresh: tuple[_FreshPrefillGroup, ...] = ()
 
 
-def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """Whole blocks `blocks` ([B, nb]) of a layer cache as [B, nb * block_size, KVH, D].
     Copying whole blocks with index_select is several times faster on CPU than
     indexing single slots."""
@@ -205,17 +208,12 @@ class TorchAttention:
 
     def _plan_cached_prefills(
         self, meta: AttentionMetadata, skip: frozenset[int] = frozenset()
-    ) -> tuple[_CachedPrefillGroup, ...]:
-        chunks = []
-        start = 0
-        for b, q_len in enumerate(meta.query_lens_host):
-            if q_len > 1 and b not in skip:
-                chunks.append((b, start, q_len, meta.seq_lens_host[b]))
-            start += q_len
-        dtype = self.kv_cache.key_caches[0].dtype
-        return tuple(
-            _cached_prefill_group(meta.block_tables, members, self.kv_cache.block_size, dtype)
-            for members in _similar_chunks(chunks)
+    ) -> tuple[ContextGroup, ...]:
+        return context_groups(
+            meta,
+            self.kv_cache.block_size,
+            self.kv_cache.key_caches[0].dtype,
+            include=lambda b, q_len: q_len > 1 and b not in skip,
         )
 
     def forward(
@@ -275,8 +273,8 @@ class TorchAttention:
                 scale,
                 max_seq_len=group.max_len,
             ).to(q.dtype)
-        keys = _gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [Bd, KVH, Ld, D]
-        values = _gather_blocks(v_cache, group.blocks).transpose(1, 2)
+        keys = gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [Bd, KVH, Ld, D]
+        values = gather_blocks(v_cache, group.blocks).transpose(1, 2)
         # The query heads that share a KV head go in as that head's queries
         # ([Bd, KVH, H / KVH, D]) rather than as heads of one query each: the same
         # products, but CPU SDPA with one query per head is several times slower
@@ -289,12 +287,12 @@ class TorchAttention:
         return out.reshape(bd, heads, dim)
 
     def _cached_prefill(
-        self, q: torch.Tensor, layer: int, group: _CachedPrefillGroup, scale: float
+        self, q: torch.Tensor, layer: int, group: ContextGroup, scale: float
     ) -> torch.Tensor:
         """`[sum of q, H, D]`: the group's chunks' outputs, in `out_rows` order."""
         k_cache, v_cache = self.kv_cache.key_caches[layer], self.kv_cache.value_caches[layer]
-        keys = _gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [G, KVH, L, D]
-        values = _gather_blocks(v_cache, group.blocks).transpose(1, 2)
+        keys = gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [G, KVH, L, D]
+        values = gather_blocks(v_cache, group.blocks).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q[group.rows].transpose(1, 2),  # [G, H, q_max, D]
             keys,
@@ -333,9 +331,37 @@ def _similar_chunks(chunks: list[_Chunk]) -> list[list[_Chunk]]:
     return groups
 
 
-def _cached_prefill_group(
-    block_tables: torch.Tensor, members: list[_Chunk], block_size: int, dtype: torch.dtype
-) -> _CachedPrefillGroup:
+def context_groups(
+    meta: AttentionMetadata,
+    block_size: int,
+    dtype: torch.dtype,
+    *,
+    include: Callable[[int, int], bool] = lambda b, q_len: True,
+    window: int | None = None,
+) -> tuple[ContextGroup, ...]:
+    """The chunks of `meta`'s sequences that `include(b, query_len)` accepts,
+    grouped by similar size (`_similar_chunks`), each group with its additive
+    mask in `dtype`. With a `window`, query position p sees key positions
+    p - window < k <= p, as transformers' sliding-window mask does."""
+    chunks = []
+    start = 0
+    for b, q_len in enumerate(meta.query_lens_host):
+        if include(b, q_len):
+            chunks.append((b, start, q_len, meta.seq_lens_host[b]))
+        start += q_len
+    return tuple(
+        _context_group(meta.block_tables, members, block_size, dtype, window)
+        for members in _similar_chunks(chunks)
+    )
+
+
+def _context_group(
+    block_tables: torch.Tensor,
+    members: list[_Chunk],
+    block_size: int,
+    dtype: torch.dtype,
+    window: int | None,
+) -> ContextGroup:
     device = block_tables.device
     q_max = max(q_len for _, _, q_len, _ in members)
     nblocks = -(-max(seq_len for *_, seq_len in members) // block_size)
@@ -352,8 +378,10 @@ def _cached_prefill_group(
     positions = (seq_lens - q_lens)[:, None] + clamped
     keys = torch.arange(nblocks * block_size, device=device)
     hidden = keys[None, None, :] > positions[:, :, None]
+    if window is not None:
+        hidden |= keys[None, None, :] <= positions[:, :, None] - window
     mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
-    return _CachedPrefillGroup(
+    return ContextGroup(
         rows=rows,
         valid=valid,
         out_rows=rows[valid],

@@ -118,13 +118,9 @@ def _source(model: str | None) -> tuple[Path, str | None, str]:
 
 
 def _max_model_len(config) -> int:
-    length = int(getattr(config, "max_position_embeddings", 0) or 2048)
-    window = getattr(config, "sliding_window", None)
-    uses_window = getattr(config, "use_sliding_window", True)
-    # The attention here has no sliding window, so stay inside one window to stay exact.
-    if window and uses_window:
-        length = min(length, int(window))
-    return length
+    # Sliding windows need no cap here: the layers that have one attend within it
+    # (`runner/masked_attention.py`).
+    return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
 
 def _eos_ids(config, module) -> frozenset[int]:

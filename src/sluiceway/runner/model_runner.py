@@ -204,15 +204,28 @@ class TorchModelRunner:
         self, enabled: bool | None, batch_sizes: Sequence[int] | None
     ) -> DecodeGraphs | None:
         safe = graph_safe(self.attention)
+        arch = self.model.architecture
         auto = enabled is None
         if auto:
             enabled = self.device.type == "cuda" and safe
+            if enabled and not arch.graph_safe:
+                log.info(
+                    "%s: decoding without CUDA graphs: layers with sliding windows or "
+                    "soft caps plan their masked attention on the host each step",
+                    arch.model_type,
+                )
+                enabled = False
         if not enabled:
             return None
         if not safe:
             raise ValueError(
                 "cuda_graphs needs a graph-safe attention backend (TritonAttention), "
                 f"not {type(self.attention).__name__}"
+            )
+        if not arch.graph_safe:
+            raise ValueError(
+                f"cuda_graphs: {arch.model_type} has layers with sliding windows or soft caps, "
+                "whose masked attention plans on the host each step"
             )
         graphs = DecodeGraphs(
             self.model,

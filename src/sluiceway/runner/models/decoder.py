@@ -5,8 +5,11 @@ only attention needs to know where one sequence ends (see `runner/attention.py`)
 Numerics follow transformers' implementations (RMSNorm in float32, RoPE tables in
 float32, rotate-half layout) so greedy output matches `generate`. What differs
 between families is read from their `Architecture`: q/k norms, layers without
-RoPE, partial rotation, experts. The fused C paths run only Llama's layer; a model
-with another one keeps torch's ops for those steps and says why in the log.
+RoPE, partial rotation, experts, sliding windows, Gemma's norms and soft caps.
+The fused C paths run only Llama's layer; a model with another one keeps torch's
+ops for those steps and says why in the log. Layers that need a sliding window
+narrower than the step's context, or soft-capped logits, attend through
+`masked_attention`; the rest through the attention backend.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import torch.nn.functional as F
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
 from sluiceway.runner.linear import Linear, default_quantized_max_rows
+from sluiceway.runner.masked_attention import MaskedAttentionPlan, masked_attention
 from sluiceway.runner.models.architecture import Architecture
-from sluiceway.runner.models.layer import LayerWeights, Weights, layer_weights
+from sluiceway.runner.models.layer import LayerWeights, Weights, gemma_rms_norm, layer_weights
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.rope import apply_rope, rope_frequencies
 from sluiceway.runner.models.weights import read_all
@@ -53,7 +57,14 @@ class DecoderModel:
         self.device = torch.device(device)
         w = Weights(weights, dtype, self.device)
         self.embed = w.need("embed")
-        self.final_norm = w.need("final_norm")
+        arch = self.architecture
+        self.final_norm = w.gemma_norm("final_norm") if arch.gemma_norms else w.need("final_norm")
+        # transformers rounds the embedding scale to the weights' dtype first.
+        self.embed_scale = (
+            None
+            if arch.embed_scale is None
+            else torch.tensor(arch.embed_scale, dtype=dtype, device=self.device)
+        )
         lm_head = None if self.architecture.tie_word_embeddings else w.get("lm_head")
         # The output projection is the most quantization-sensitive weight; like
         # llama.cpp's 4-bit formats, int4 keeps it at 8 bits: a 4-bit head costs
@@ -68,8 +79,12 @@ class DecoderModel:
             layer_weights(self.architecture, w, i, quantization)
             for i in range(self.shape.num_layers)
         ]
-        inv_freq, self.rope_scaling = rope_frequencies(config, self.shape.head_dim)
-        self.inv_freq = inv_freq.to(self.device)
+        # One RoPE table per kind of layer (Gemma 3's local and global layers
+        # rotate with different bases); the kind "" when every layer shares one.
+        self.rope: dict[str, tuple[torch.Tensor, float]] = {}
+        for kind in set(arch.rope_kinds) or {""}:
+            inv_freq, scaling = rope_frequencies(config, self.shape.head_dim, kind or None)
+            self.rope[kind] = (inv_freq.to(self.device), scaling)
         # RMSNorm, residual adds and SiLU-and-multiply: C kernels on the CPU for
         # bfloat16, and for float32 when quantized (unquantized float32 keeps torch's
         # ops, exactly what transformers computes), as `layer_ops_for` says.
@@ -97,14 +112,17 @@ class DecoderModel:
         views = family_for(config).weight_views(config, state_dict)
         return cls(config, read_all(views, state_dict), **kwargs)
 
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin `[T, 1, rotary_dim]` in the model dtype, computed in
-        float32 like transformers; the sin table's first half is negated for
-        `apply_rope`."""
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+    def rope_tables(
+        self, positions: torch.Tensor, kind: str = ""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin `[T, 1, rotary_dim]` of RoPE table `kind` in the model
+        dtype, computed in float32 like transformers; the sin table's first half is
+        negated for `apply_rope`."""
+        inv_freq, scaling = self.rope[kind]
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scaling).to(self.dtype)
-        sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+        cos = (emb.cos() * scaling).to(self.dtype)
+        sin = (emb.sin() * scaling).to(self.dtype)
         half = sin.shape[-1] // 2
         sin[:, :half].neg_()
         return cos[:, None, :], sin[:, None, :]
@@ -119,17 +137,33 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
         logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
-        cos, sin = self.rope_tables(positions)
+        tables = {kind: self.rope_tables(positions, kind) for kind in self.rope}
         eps = self.shape.rms_norm_eps
         hidden = self.embed_tokens(input_ids)
-        one_token = self._one_token_decode(attention, meta) if input_ids.shape[0] == 1 else None
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
+        arch = self.architecture
+        masked = None
+        if any(arch.needs_masked_attention(i, meta.max_seq_len) for i in range(len(self.layers))):
+            masked = MaskedAttentionPlan(meta, attention.kv_cache)
+        one_token = None
+        if input_ids.shape[0] == 1 and masked is None:
+            one_token = self._one_token_decode(attention, meta)
         if one_token is not None:
-            hidden = one_token.run(hidden, cos, sin, meta, eps)
+            hidden = one_token.run(hidden, *tables[""], meta, eps)
+        elif arch.gemma_norms:
+            hidden = self._gemma_layers(hidden, tables, attention, meta, masked)
         else:
-            hidden = self._layers(hidden, cos, sin, attention, meta)
+            hidden = self._layers(hidden, tables, attention, meta, masked)
         picked = hidden[logits_indices]
-        picked = self.ops.rms_norm(picked, self.final_norm, eps)
-        return self.output_logits(picked)
+        if arch.gemma_norms:
+            picked = gemma_rms_norm(picked, self.final_norm, eps)
+        else:
+            picked = self.ops.rms_norm(picked, self.final_norm, eps)
+        logits = self.output_logits(picked)
+        if arch.final_softcap is not None:
+            logits = torch.tanh(logits / arch.final_softcap) * arch.final_softcap
+        return logits
 
     # Three seams a tensor-parallel shard overrides (`runner/tensor_parallel/`): on
     # one device they are the plain operations.
@@ -146,14 +180,14 @@ class DecoderModel:
         with the whole weight here, `partial` already is that sum."""
         return partial
 
-    def _layers(self, hidden, cos, sin, attention, meta) -> torch.Tensor:
+    def _layers(self, hidden, tables, attention, meta, masked) -> torch.Tensor:
         """Every decoder layer on the embeddings `hidden`: the residual stream after the
         last one."""
         ops, eps, last = self.ops, self.shape.rms_norm_eps, len(self.layers) - 1
         # The residual stream: each add is fused with the RMSNorm that reads its result.
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for i, layer in enumerate(self.layers):
-            attended = self._attention(i, layer, x, cos, sin, attention, meta)
+            attended = self._attention(i, layer, x, tables, attention, meta, masked)
             hidden, x = ops.add_rms_norm(hidden, attended, layer.post_norm, eps)
             mlp = self.reduce(self._mlp(layer, x))
             if i < last:
@@ -162,11 +196,29 @@ class DecoderModel:
                 hidden = hidden + mlp
         return hidden
 
+    def _gemma_layers(self, hidden, tables, attention, meta, masked) -> torch.Tensor:
+        """Gemma's layer: each sublayer's output normalised before its residual add,
+        and the MLP's input normalised by a norm of its own."""
+        eps = self.shape.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            x = gemma_rms_norm(hidden, layer.input_norm, eps)
+            attended = self._attention(i, layer, x, tables, attention, meta, masked)
+            hidden = hidden + gemma_rms_norm(attended, layer.post_norm, eps)
+            assert layer.pre_mlp_norm is not None and layer.post_mlp_norm is not None
+            x = gemma_rms_norm(hidden, layer.pre_mlp_norm, eps)
+            mlp = self.reduce(self._mlp(layer, x))
+            hidden = hidden + gemma_rms_norm(mlp, layer.post_mlp_norm, eps)
+        return hidden
+
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         if layer.experts is not None:
             return layer.experts(x, self.ops.silu_mul)
         assert layer.gate_up is not None and layer.down is not None
-        return layer.down(self.ops.silu_mul(layer.gate_up(x)))
+        gate_up = layer.gate_up(x)
+        if self.architecture.activation == "silu":
+            return layer.down(self.ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return layer.down(F.gelu(gate, approximate="tanh") * up)
 
     def _one_token_decode(
         self, attention: AttentionBackend, meta: AttentionMetadata
@@ -187,9 +239,29 @@ class DecoderModel:
         fused = self._one_token[1]
         return fused if fused is not None and fused.serves(cache, meta) else None
 
-    def _attention(self, i, layer: LayerWeights, x, cos, sin, attention, meta) -> torch.Tensor:
+    def _attention(
+        self, i, layer: LayerWeights, x, tables, attention, meta, masked
+    ) -> torch.Tensor:
         """Self-attention of layer `i` on its normalised input `x`."""
         s, arch = self.shape, self.architecture
+        cos, sin = tables[arch.rope_kinds[i] if arch.rope_kinds else ""]
+        attend = attention.forward
+        if masked is not None and arch.needs_masked_attention(i, meta.max_seq_len):
+
+            def attend(layer_index, q, k, v, meta, kv_written=False):
+                return masked_attention(
+                    layer_index,
+                    q,
+                    k,
+                    v,
+                    meta,
+                    masked,
+                    attention.kv_cache,
+                    window=arch.window(i),
+                    softcap=arch.attn_softcap,
+                    kv_written=kv_written,
+                )
+
         qkv = layer.qkv(x)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         if arch.llama_layers:
@@ -205,20 +277,21 @@ class DecoderModel:
             )
             if fused is not None:
                 q, k, v = fused
-                out = attention.forward(i, q, k, v, meta, kv_written=True)
+                out = attend(i, q, k, v, meta, kv_written=True)
                 return self.reduce(layer.o(out.reshape(-1, q_size)))
         heads = s.num_heads + s.num_kv_heads
         qk = qkv[:, : q_size + kv_size].view(-1, heads, s.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             eps = s.rms_norm_eps
-            q = self.ops.rms_norm(qk[:, : s.num_heads].reshape(-1, s.head_dim), layer.q_norm, eps)
-            k = self.ops.rms_norm(qk[:, s.num_heads :].reshape(-1, s.head_dim), layer.k_norm, eps)
+            norm = gemma_rms_norm if arch.gemma_norms else self.ops.rms_norm
+            q = norm(qk[:, : s.num_heads].reshape(-1, s.head_dim), layer.q_norm, eps)
+            k = norm(qk[:, s.num_heads :].reshape(-1, s.head_dim), layer.k_norm, eps)
             qk = torch.cat((q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim)), dim=1)
         # q and k side by side: one rotation covers both heads' sets (half the
         # elementwise launches); the result is the same element by element.
         if arch.rope_layers[i]:
             qk = apply_rope(qk, cos, sin)
         q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
-        out = attention.forward(i, q, k, v, meta)
+        out = attend(i, q, k, v, meta)
         return self.reduce(layer.o(out.reshape(-1, q_size)))

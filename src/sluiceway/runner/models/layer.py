@@ -25,6 +25,19 @@ class LayerWeights:
     q_norm: torch.Tensor | None = None  # [D], with `Architecture.qk_norm`
     k_norm: torch.Tensor | None = None
     experts: Experts | None = None
+    # With `Architecture.gemma_norms` (then `post_norm` follows attention, and
+    # every norm is `1 + weight` in float32, for `gemma_rms_norm`):
+    pre_mlp_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
+
+
+def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm with its `1 + weight` already in `scale` (float32): the
+    product taken in float32 and rounded once, as transformers' Gemma2RMSNorm
+    (Llama's rounds before the weight multiply)."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * scale).to(x.dtype)
 
 
 class Weights:
@@ -45,6 +58,13 @@ class Weights:
         if tensor is None:
             raise ValueError(f"checkpoint has no weight for {name!r}")
         return tensor
+
+    def gemma_norm(self, name: str) -> torch.Tensor:
+        """Gemma norm `name`'s scale, `1 + weight` in float32 (`gemma_rms_norm`)."""
+        tensor = self._weights.get(name)
+        if tensor is None:
+            raise ValueError(f"checkpoint has no weight for {name!r}")
+        return (1.0 + tensor.to(device=self._device, dtype=torch.float32)).contiguous()
 
     def fused(self, names: list[str], *, required: bool) -> torch.Tensor | None:
         parts = [self.get(n) for n in names]
@@ -87,14 +107,17 @@ def layer_weights(
         )
     else:
         gate_up, down = linear(["gate", "up"]), linear(["down"])
+    norm = w.gemma_norm if arch.gemma_norms else w.need
     return LayerWeights(
-        input_norm=w.need(p + "input_norm"),
+        input_norm=norm(p + "input_norm"),
         qkv=linear(["q", "k", "v"]),
         o=linear(["o"]),
-        post_norm=w.need(p + "post_attention_norm"),
+        post_norm=norm(p + "post_attention_norm"),
         gate_up=gate_up,
         down=down,
-        q_norm=w.need(p + "q_norm") if arch.qk_norm else None,
-        k_norm=w.need(p + "k_norm") if arch.qk_norm else None,
+        q_norm=norm(p + "q_norm") if arch.qk_norm else None,
+        k_norm=norm(p + "k_norm") if arch.qk_norm else None,
         experts=experts,
+        pre_mlp_norm=norm(p + "pre_feedforward_norm") if arch.gemma_norms else None,
+        post_mlp_norm=norm(p + "post_feedforward_norm") if arch.gemma_norms else None,
     )

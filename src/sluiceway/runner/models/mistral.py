@@ -1,6 +1,6 @@
-"""Mistral: Llama's layer. Mistral 7B v0.1's sliding window of 4,096 tokens is
-honoured by holding the context within one window (`loading`), where full and
-sliding attention agree."""
+"""Mistral: Llama's layer. Mistral 7B v0.1's sliding window of 4,096 tokens
+(`sliding_window`) applies to every layer; the decoder attends within it once a
+context outgrows it (`runner/masked_attention.py`)."""
 
 from __future__ import annotations
 

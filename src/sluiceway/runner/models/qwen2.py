@@ -1,6 +1,6 @@
 """Qwen2 and Qwen2.5: Llama's layer with biases on q, k and v. Its sliding
-window (`use_sliding_window`) is off in the released models; where it is on, the
-context is held within one window (`loading`)."""
+window (`use_sliding_window`) is off in the released models; where it is on, it
+applies to the layers from `max_window_layers` on, as `layer_types` says."""
 
 from __future__ import annotations
 

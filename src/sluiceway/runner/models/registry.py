@@ -3,7 +3,18 @@ what is served."""
 
 from __future__ import annotations
 
-from sluiceway.runner.models import llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from sluiceway.runner.models import (
+    gemma2,
+    gemma3,
+    llama,
+    mistral,
+    mixtral,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from sluiceway.runner.models.architecture import UnsupportedModel
 from sluiceway.runner.models.family import DecoderFamily
 
@@ -14,6 +25,8 @@ FAMILIES: tuple[DecoderFamily, ...] = (
     mistral.FAMILY,
     phi3.FAMILY,
     smollm3.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
     qwen3_moe.FAMILY,
     mixtral.FAMILY,
 )

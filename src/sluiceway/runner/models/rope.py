@@ -10,14 +10,18 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from sluiceway.runner.models.architecture import UnsupportedModel
 
 
-def rope_parameters(config) -> dict:
-    """The config's RoPE parameters (`rope_parameters`, transformers 5), with
-    `rope_type` checked: an unknown type raises ValueError naming it."""
+def rope_parameters(config, kind: str | None = None) -> dict:
+    """The config's RoPE parameters (`rope_parameters`, transformers 5; those of
+    layer type `kind` where the config keeps one set per layer type, as Gemma 3's),
+    with `rope_type` checked: an unknown type raises `UnsupportedModel` naming it."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    field = "rope_parameters"
+    if kind is not None:
+        params, field = dict(params.get(kind) or {}), f"rope_parameters.{kind}"
     rope_type = params.get("rope_type", "default")
     if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
         raise UnsupportedModel(
-            f"{config.model_type}: rope_parameters.rope_type {rope_type!r} is not supported"
+            f"{config.model_type}: {field}.rope_type {rope_type!r} is not supported"
         )
     return params
 
@@ -30,12 +34,14 @@ def rotary_dim(config, head_dim: int) -> int:
     return int(head_dim * (factor or 1.0))
 
 
-def rope_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
+def rope_frequencies(
+    config, head_dim: int, kind: str | None = None
+) -> tuple[torch.Tensor, float]:
     """`(inv_freq [rotary_dim // 2] float32, attention_scaling)` exactly as
-    transformers computes them at model init. Dynamic-NTK and longrope scaling use
-    their init-time frequencies, which match transformers within the original
-    context."""
-    params = rope_parameters(config)
+    transformers computes them at model init (for layer type `kind`'s parameters
+    where there is one set per type). Dynamic-NTK and longrope scaling use their
+    init-time frequencies, which match transformers within the original context."""
+    params = rope_parameters(config, kind)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -44,7 +50,8 @@ def rope_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
             base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim)
         )
         return inv_freq, 1.0
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    extra = {} if kind is None else {"layer_type": kind}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None, **extra)
     return inv_freq.to(torch.float32), float(scaling)
 
 
