@@ -182,3 +182,28 @@ def test_a_damaged_cache_entry_is_converted_again(tmp_path, monkeypatch):
     assert result == ("config", "tokenizer", ("module in", torch.bfloat16))
     assert calls == [(entry, None, torch.bfloat16), (tmp_path, gguf.name, torch.float32)]
     assert saved == [entry] and not entry.exists()  # the damaged entry was removed
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
+def test_a_sharded_checkpoint_of_another_family_loads_and_runs(
+    tmp_path, name, hf_greedy_fn, greedy_driver_cls
+):
+    """Shards with their index file, the chat template from the tokenizer, and
+    a sliding window (Gemma 3's) that no longer caps the context."""
+    from family_models import tiny
+
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    model = tiny(name)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    _save_tiny_tokenizer(tmp_path, model.config.vocab_size)
+    loaded = load_model(str(tmp_path), dtype="float32", progress=False)
+    assert loaded.max_model_len == model.config.max_position_embeddings
+    assert loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "w5 w6"}], tokenize=False
+    ) == "w5 w6 "
+    prompt = [5, 17, 99, 4, 8, 15, 16, 23, 42, 9, 9]
+    runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=32)
+    assert greedy_driver_cls(runner).generate([prompt], 12) == [hf_greedy_fn(model, prompt, 12)]

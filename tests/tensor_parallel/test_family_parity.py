@@ -1,7 +1,9 @@
-"""Two families beyond Llama split over two ranks equal one device token for
-token: Phi-3 (fused qkv and gate/up checkpoint tensors, partial rotary) and
-Qwen3-MoE (q/k norms, experts split by their intermediate features, a dense
-layer beside them), through chunked prefill, prefix-cache hits and preemption."""
+"""Families beyond Llama split over two ranks equal one device token for token:
+Phi-3 (fused qkv and gate/up checkpoint tensors, partial rotary), Qwen3-MoE (q/k
+norms, experts split by their intermediate features, a dense layer beside them)
+and Gemma 2 (sliding windows and soft caps over each rank's heads, norms after
+the reduced sublayer outputs), through chunked prefill, prefix-cache hits and
+preemption."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
 
-@pytest.fixture(scope="module", params=["phi3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["phi3", "qwen3_moe", "gemma2"])
 def case(request) -> Iterator[tuple[torch.nn.Module, TensorParallelRunner]]:
     model = tiny(request.param)
     runner = start_ranks(model, 2)
