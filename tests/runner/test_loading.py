@@ -191,7 +191,6 @@ def test_a_sharded_checkpoint_of_another_family_loads_and_runs(
     """Shards with their index file, the chat template from the tokenizer, and
     a sliding window (Gemma 3's) that no longer caps the context."""
     from family_models import tiny
-
     from sluiceway.runner.model_runner import TorchModelRunner
 
     model = tiny(name)
@@ -207,3 +206,49 @@ def test_a_sharded_checkpoint_of_another_family_loads_and_runs(
     prompt = [5, 17, 99, 4, 8, 15, 16, 23, 42, 9, 9]
     runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=32)
     assert greedy_driver_cls(runner).generate([prompt], 12) == [hf_greedy_fn(model, prompt, 12)]
+
+
+# transformers' GGUF reader maps no `head_dim` for Qwen3 (it takes the config's
+# default, 128) and no layer types or soft caps for Gemma (it takes the config
+# defaults): the models here keep to those defaults, as the released ones do.
+GGUF_CASES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=128)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=8)),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(head_dim=16, sliding_window=8, num_hidden_layers=6),  # five local layers, one global
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(GGUF_CASES))
+def test_a_gguf_of_another_family_loads_and_runs(tmp_path, monkeypatch, name, hf_greedy_fn, greedy_driver_cls):
+    """A float32 GGUF laid out as llama.cpp's converter writes it (Gemma's norms as
+    1 + weight) loads back to the model's own weights and generates its tokens."""
+    import transformers
+
+    from family_models import BASE
+    from gguf_files import VOCAB_SIZE, write_gguf
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    monkeypatch.setenv("SLUICEWAY_CACHE_DIR", str(tmp_path / "cache"))
+    config_cls, model_cls, extra = GGUF_CASES[name]
+    config = getattr(transformers, config_cls)(**{**BASE, "vocab_size": VOCAB_SIZE, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for param_name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p)) if "norm" in param_name else p.normal_(0, 0.3)
+    write_gguf(model, tmp_path / "tiny.gguf")
+    loaded = load_model(str(tmp_path / "tiny.gguf"), dtype="float32", progress=False)
+    assert loaded.hf_config.model_type == model.config.model_type
+    assert getattr(loaded.hf_config, "layer_types", None) == getattr(model.config, "layer_types", None)
+    weights = loaded.state_dict()
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(weights[key], tensor, rtol=1e-6, atol=1e-6, msg=key)
+    prompt = loaded.tokenizer("The capital of France is")["input_ids"]
+    assert len(prompt) > 5 and max(prompt) < VOCAB_SIZE
+    runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=32)
+    want = hf_greedy_fn(model, prompt, 12)
+    assert greedy_driver_cls(runner).generate([prompt], 12) == [want]

