@@ -4,10 +4,12 @@ server on an ephemeral loopback port inside the test's nursery."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import openai
 import pytest
+import trio
 
 import server_helpers
 from sluiceway.api.serve import RunningServer
@@ -16,6 +18,13 @@ from wire_roundtrip import Recorder
 from .fakes import ScriptedRunner
 
 MODEL = "test-model"  # the name tests/conftest.py serves under
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    """`fn()` in a worker thread (the sync `openai` client), within 30 s."""
+    with trio.fail_after(30):
+        return await trio.to_thread.run_sync(fn)
 
 
 @pytest.fixture
@@ -29,6 +38,14 @@ def runner(tokenizer: Any, word_ids: tuple[int, ...]) -> Iterator[ScriptedRunner
 async def server(start_server: Callable[..., Any]) -> AsyncIterator[RunningServer]:
     async with start_server() as s:
         yield s
+
+
+@pytest.fixture
+def oai(server: RunningServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30
+    ) as client:
+        yield client
 
 
 @pytest.fixture

@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 import pytest
-import trio
 
-from sluiceway.api.serve import RunningServer
-
-from .conftest import MODEL
+from .conftest import MODEL, in_thread
 from .fakes import ScriptedRunner
-
-T = TypeVar("T")
-
-
-async def _in_thread(fn: Callable[[], T]) -> T:
-    with trio.fail_after(30):
-        return await trio.to_thread.run_sync(fn)
-
-
-@pytest.fixture
-def oai(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 async def test_chat_and_completion_objects(oai: openai.OpenAI) -> None:
-    chat = await _in_thread(
+    chat = await in_thread(
         lambda: oai.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "hi"}],
@@ -46,7 +30,7 @@ async def test_chat_and_completion_objects(oai: openai.OpenAI) -> None:
     assert chat.choices[0].logprobs is not None and len(chat.choices[0].logprobs.content or []) == 4
     assert chat.usage is not None and chat.usage.completion_tokens == 8
 
-    comp = await _in_thread(
+    comp = await in_thread(
         lambda: oai.completions.create(
             model=MODEL,
             prompt=["a", "b"],
@@ -67,7 +51,7 @@ async def test_chat_and_completion_objects(oai: openai.OpenAI) -> None:
     assert [c.index for c in comp.choices] == [0, 1]
     assert comp.choices[1].logprobs is not None and len(comp.choices[1].logprobs.tokens or []) == 3
 
-    models = await _in_thread(lambda: oai.models.list())
+    models = await in_thread(lambda: oai.models.list())
     assert [m.id for m in models.data] == [MODEL]
 
 
@@ -88,7 +72,7 @@ async def test_streaming_with_usage(oai: openai.OpenAI) -> None:
             usage = chunk.usage or usage
         return texts, usage
 
-    texts, usage = await _in_thread(run)
+    texts, usage = await in_thread(run)
     assert sorted(texts) == [0, 1, 2] and all(texts.values())
     assert usage.completion_tokens == 15
 
@@ -101,19 +85,19 @@ async def test_streaming_with_usage(oai: openai.OpenAI) -> None:
                 out[choice.index] = out.get(choice.index, "") + choice.text
         return out
 
-    assert sorted(await _in_thread(completion_stream)) == [0, 1, 2, 3]
+    assert sorted(await in_thread(completion_stream)) == [0, 1, 2, 3]
 
 
 async def test_client_exceptions(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
-        await _in_thread(
+        await in_thread(
             lambda: oai.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=-1
             )
         )
     assert bad.value.body["param"] == "temperature"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
-        await _in_thread(
+        await in_thread(
             lambda: oai.chat.completions.create(
                 model="missing", messages=[{"role": "user", "content": "hi"}]
             )
@@ -123,18 +107,18 @@ async def test_client_exceptions(oai: openai.OpenAI) -> None:
 async def test_stream_error_raises_in_client(start_server: Any, runner: ScriptedRunner) -> None:
     runner.fail_next = True
     async with start_server() as server:
-        oai = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30) as oai:
 
-        def run() -> None:
-            for _ in oai.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "hi"}],
-                stream=True,
-                max_tokens=5,
-            ):
-                pass
+            def run() -> None:
+                for _ in oai.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "hi"}],
+                    stream=True,
+                    max_tokens=5,
+                ):
+                    pass
 
-        with pytest.raises(openai.APIError, match="engine"):
-            await _in_thread(run)
-        with pytest.raises(openai.InternalServerError):  # 503 afterwards
-            await _in_thread(run)
+            with pytest.raises(openai.APIError, match="engine"):
+                await in_thread(run)
+            with pytest.raises(openai.InternalServerError):  # 503 afterwards
+                await in_thread(run)

@@ -1,7 +1,8 @@
 """Structured outputs and tools through real client libraries against the default
 model: the official `openai` client (`parse` with pydantic, every `tool_choice`,
 streamed calls), LangChain (`with_structured_output` both ways, `bind_tools`),
-instructor (TOOLS and JSON_SCHEMA modes) and the OpenAI Agents SDK. Greedy, so
+instructor (TOOLS and JSON_SCHEMA modes), the OpenAI Agents SDK with its chat and
+its default Responses model class, and the client's Responses API. Greedy, so
 each run asks the same; the grammar is what makes every answer parse."""
 
 from __future__ import annotations
@@ -181,17 +182,17 @@ def test_instructor_modes(oai: openai.OpenAI, mode_name: str) -> None:
     assert isinstance(weather, Weather)
 
 
-def test_agents_sdk_calls_a_function_tool(server_url: str) -> None:
+@pytest.mark.parametrize(
+    "model_class",
+    # The chat model class, and the SDK's default, which speaks the Responses API:
+    # a required call comes back as a function_call item.
+    ["OpenAIChatCompletionsModel", "OpenAIResponsesModel"],
+)
+def test_agents_sdk_calls_a_function_tool(server_url: str, model_class: str) -> None:
     import asyncio
 
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
+    import agents
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)  # no trace export to a hosted service
     seen: list[str] = []
@@ -205,20 +206,45 @@ def test_agents_sdk_calls_a_function_tool(server_url: str) -> None:
     async def run() -> object:
         client = openai.AsyncOpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0)
         async with client:  # closed on this loop, before asyncio.run closes it
-            agent = make_agent(OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+            agent = Agent(
+                name="weather",
+                instructions="Answer with the weather tool.",
+                tools=[get_weather],
+                model=getattr(agents, model_class)(model=MODEL, openai_client=client),
+                # One call: with parallel calls allowed, this small model greedily
+                # repeats the same call until max_tokens, and the Responses model
+                # takes a response cut by max_output_tokens ("incomplete") as a
+                # failure.
+                model_settings=ModelSettings(
+                    tool_choice="required",
+                    temperature=0,
+                    max_tokens=MAX_TOKENS,
+                    parallel_tool_calls=False,
+                ),
+                tool_use_behavior="stop_on_first_tool",
+            )
             return (await Runner.run(agent, QUESTION, max_turns=3)).final_output
-
-    def make_agent(model: OpenAIChatCompletionsModel) -> Agent:
-        return Agent(
-            name="weather",
-            instructions="Answer with the weather tool.",
-            tools=[get_weather],
-            model=model,
-            model_settings=ModelSettings(
-                tool_choice="required", temperature=0, max_tokens=MAX_TOKENS
-            ),
-            tool_use_behavior="stop_on_first_tool",
-        )
 
     final_output = asyncio.run(run())
     assert seen and final_output == f"18 C and sunny in {seen[0]}"
+
+
+def test_openai_responses_with_a_schema_and_a_stream(oai: openai.OpenAI) -> None:
+    parsed = oai.responses.parse(
+        model=MODEL,
+        input=QUESTION,
+        text_format=Weather,
+        max_output_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    assert isinstance(parsed.output_parsed, Weather)
+    with oai.responses.stream(
+        model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0
+    ) as stream:
+        events = list(stream)
+    # Cut by max_output_tokens: the last event is response.incomplete (the SDK's
+    # get_final_response waits for response.completed only).
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert events[-1].type == "response.incomplete"
+    final = events[-1].response
+    assert final.output_text == "".join(deltas) and final.usage.output_tokens == 8

@@ -22,6 +22,7 @@ from sluiceway.api.metrics import Metrics
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
 from sluiceway.api.routes_misc import blueprint as misc_blueprint
+from sluiceway.api.routes_responses import blueprint as responses_blueprint
 from sluiceway.api.state import ServerState
 from sluiceway.config import AccessLogStyle, ServerConfig
 from sluiceway.engine.engine import Engine
@@ -186,6 +187,7 @@ def create_app(
     )
     app.config["SLUICEWAY_STATE"] = state
     app.register_blueprint(generation_blueprint)
+    app.register_blueprint(responses_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
     _install_hooks(app, server_config)

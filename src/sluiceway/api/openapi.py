@@ -31,6 +31,9 @@ _TYPES: tuple[Any, ...] = (
     protocol.TokenizeResponse,
     protocol.DetokenizeRequest,
     protocol.DetokenizeResponse,
+    protocol.ResponseCreateRequest,
+    protocol.Response,
+    protocol.ResponseDeleted,
     protocol.ModelList,
     protocol.Model,
     protocol.ErrorObject,
@@ -39,7 +42,7 @@ _TYPES: tuple[Any, ...] = (
 _STATUS = {
     400: "Invalid request",
     401: "Missing or wrong API key",
-    404: "Unknown model",
+    404: "Unknown model (or response id)",
     413: "Request body too large",
     429: "Waiting queue full (see Retry-After)",
     503: "Draining or engine unhealthy",
@@ -128,6 +131,12 @@ def _paths() -> dict[str, Any]:
         "required": True,
         "schema": {"type": "string"},
     }
+    response_parameter = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+    }
     return {
         "/v1/chat/completions": _post(
             "Chat completion (single or batch of conversations)",
@@ -143,6 +152,25 @@ def _paths() -> dict[str, Any]:
             _GENERATION_ERRORS,
             stream=True,
         ),
+        "/v1/responses": _post(
+            "A model response (Responses API); streamed as named events",
+            protocol.ResponseCreateRequest,
+            protocol.Response,
+            _GENERATION_ERRORS,
+            stream=True,
+        ),
+        "/v1/responses/{response_id}": _get(
+            "A stored response", _ref(protocol.Response), 401, 404, parameters=[response_parameter]
+        )
+        | {
+            "delete": _get(
+                "Delete a stored response",
+                _ref(protocol.ResponseDeleted),
+                401,
+                404,
+                parameters=[response_parameter],
+            )["get"]
+        },
         "/v1/models": _get("List the served model", _ref(protocol.ModelList), 401),
         "/v1/models/{model}": _get(
             "The served model's card", _ref(protocol.Model), 401, 404, parameters=[model_parameter]

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, TypeVar
@@ -106,13 +106,13 @@ async def _generate(
     data = await request.get_data(cache=False)
     req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, param)
-    req = await _with_grammar(state, req)
+    req = await with_grammar(state, req)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, shape(req, state.token_text), param)
 
 
-async def _with_grammar(state: ServerState, req: R) -> R:
+async def with_grammar(state: ServerState, req: R) -> R:
     """`req` with its grammar compiled into its sampling params (see `structured`)."""
     if req.grammar is None:
         return req
@@ -128,8 +128,17 @@ async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str
     if not req.stream:
         body = await _complete(run, req, shape, param, request_id, created)
         return json_response(body)
-    stream = _Stream(run, req, shape, param, request_id, created)
-    result = await connection_nursery().start(stream.run)
+    return await stream_response(_Stream(run, req, shape, param, request_id, created).run)
+
+
+async def stream_response(
+    run_stream: Callable[..., Awaitable[None]],
+) -> Response:
+    """The streamed response of `run_stream`, started as a task in the connection's
+    nursery: it reports through `task_status` either an `APIError` (admission
+    failed: raised here, so the client gets its status code) or the
+    `StreamOutput` the response body reads."""
+    result = await connection_nursery().start(run_stream)
     if isinstance(result, APIError):
         raise result
     response = Response(result.body(), headers=sse.HEADERS)

@@ -22,6 +22,11 @@ def event(obj: Any) -> bytes:
     return b"data: " + encode_json(obj).encode("utf-8") + b"\n\n"
 
 
+def named_event(name: str, obj: Any) -> bytes:
+    """One `event: <name>` event with its `data: <json>` (the Responses API's)."""
+    return b"event: " + name.encode("ascii") + b"\n" + event(obj)
+
+
 class EventTemplate:
     """The `event` of an object in which one string varies, encoded once around it.
 

@@ -1,0 +1,243 @@
+"""The Responses API: `POST /v1/responses` (streamed with named events, or not),
+`GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`.
+
+A response is generated as one chat choice (`response_input` turns the request
+into the chat body, `response_output` the chat deltas into output items), so
+admission, cancellation, timeouts and disconnects behave as on the chat
+endpoint: the work runs in the request's own nursery, or for a stream in a task
+of the connection's nursery, and leaving it aborts the choice in the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from contextlib import AsyncExitStack
+from typing import Any
+
+import attrs
+import trio
+from quart import Blueprint, Response, request
+
+from sluiceway import protocol
+from sluiceway.api import errors, prompts, sse
+from sluiceway.api.completion_shapes import ChatShape
+from sluiceway.api.errors import APIError
+from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.json_body import encode_json, json_response
+from sluiceway.api.response_input import chat_body, chat_messages
+from sluiceway.api.response_output import ResponseOutput
+from sluiceway.api.response_store import StoredResponse
+from sluiceway.api.routes_generation import chat_prompts, stream_response, with_grammar
+from sluiceway.api.state import current_state
+from sluiceway.api.stream_output import StreamOutput
+from sluiceway.api.validation import ChatRequest
+from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.protocol.responses import (
+    IncompleteDetails,
+    InputTokensDetails,
+    ResponseError,
+    ResponseUsage,
+)
+from sluiceway.transport import access_log
+from sluiceway.transport.chunk_socket import ChunkSocket
+from sluiceway.transport.connection import connection_send
+
+log = logging.getLogger(__name__)
+blueprint = Blueprint("responses", __name__)
+
+
+def response_not_found(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"No response found with id '{response_id}'.",
+        "invalid_request_error",
+        "response_id",
+        "not_found",
+    )
+
+
+@attrs.frozen
+class _Prepared:
+    request: protocol.ResponseCreateRequest
+    chat: ChatRequest
+    prompts: list[prompts.Prompt]
+    history: tuple[dict[str, Any], ...]
+    own_messages: list[dict[str, Any]]
+
+
+@blueprint.post("/v1/responses")
+async def create_response() -> Response:
+    state = current_state()
+    started = trio.current_time()
+    state.check_accepting()
+    data = await request.get_data(cache=False)
+    req = await prompts.prepare(
+        state, len(data), lambda: prompts.parse_body(data, protocol.ResponseCreateRequest)
+    )
+    if req.background:
+        raise errors.invalid_request("Background responses are not supported.", "background")
+    history: tuple[dict[str, Any], ...] = ()
+    if req.previous_response_id is not None:
+        stored = state.response_store.get(req.previous_response_id)
+        if stored is None:
+            raise response_not_found(req.previous_response_id)
+        history = stored.conversation
+    body = encode_json(chat_body(req, history)).encode("utf-8")
+    chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
+    prompts.check_lengths(state, ready, chat.params.max_tokens, "input")
+    chat = await with_grammar(state, chat)
+    prompts.prepared()  # an idle engine need hold its first step for us no longer
+    prepared = _Prepared(req, chat, ready, history, chat_messages(req.input))
+    run = RequestRun(state=state, prompts=ready, n=1, started_at=started)
+    generation = _Generation(run, prepared)
+    access_log.note_generation(generation.response.id, run)
+    if not req.stream:
+        return json_response((await generation.complete()).to_dict())
+    return await stream_response(generation.stream)
+
+
+@blueprint.get("/v1/responses/<response_id>")
+async def get_response(response_id: str) -> Response:
+    stored = current_state().response_store.get(response_id)
+    if stored is None:
+        raise response_not_found(response_id)
+    return json_response(stored.response.to_dict())
+
+
+@blueprint.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    if not current_state().response_store.delete(response_id):
+        raise response_not_found(response_id)
+    return json_response(protocol.ResponseDeleted(response_id).to_dict())
+
+
+class _Generation:
+    """One response's generation: its choice's deltas fed to a `ResponseOutput`."""
+
+    def __init__(self, run: RequestRun, prepared: _Prepared) -> None:
+        self.run = run
+        self.prepared = prepared
+        self.shape = ChatShape(prepared.chat, run.state.token_text)
+        req = prepared.request
+        self.response = protocol.Response(
+            id=f"resp_{uuid.uuid4().hex}",
+            created_at=int(time.time()),
+            model=run.state.model_name,
+            status="in_progress",
+            instructions=req.instructions,
+            max_output_tokens=None if req.max_output_tokens is None else int(req.max_output_tokens),
+            previous_response_id=req.previous_response_id,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            tools=req.tools or [],
+            tool_choice=req.tool_choice or "auto",
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            text=req.text or {"format": {"type": "text"}},
+            metadata=req.metadata or {},
+            store=req.store is not False,
+        )
+        self.output = ResponseOutput()
+
+    async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+        if delta is not None:
+            body = self.shape.delta_choice(choice, delta)
+            if body is not None:
+                self.output.feed(body)
+
+    def _failure(self) -> APIError | None:
+        run = self.run
+        if run.error is not None:
+            return errors.engine_unhealthy(run.error)
+        if run.timed_out:
+            return errors.timeout(run.state.server_config.request_timeout)
+        if run.cut_by_drain:
+            return errors.draining()
+        return None
+
+    def _finished(self, failure: APIError | None) -> protocol.Response:
+        """The response in its final status, stored when it asked to be."""
+        run = self.run
+        items = self.output.close()
+        usage = ResponseUsage(
+            input_tokens=run.prompt_tokens,
+            output_tokens=run.completion_tokens,
+            total_tokens=run.prompt_tokens + run.completion_tokens,
+            input_tokens_details=InputTokensDetails(run.cached_tokens),
+        )
+        status, incomplete, error = "completed", None, None
+        if failure is not None:
+            status, error = "failed", ResponseError(failure.code or failure.type, failure.message)
+        elif self.output.finish_reason == "length":
+            status, incomplete = "incomplete", IncompleteDetails("max_output_tokens")
+        final = attrs.evolve(
+            self.response,
+            status=status,
+            output=items,
+            usage=usage,
+            incomplete_details=incomplete,
+            error=error,
+        )
+        if final.store and failure is None:
+            conversation = (
+                *self.prepared.history,
+                *self.prepared.own_messages,
+                *chat_messages(items),
+            )
+            run.state.response_store.put(StoredResponse(final, tuple(conversation)))
+        return final
+
+    async def complete(self) -> protocol.Response:
+        """The whole response; raises `APIError` as the chat endpoint does."""
+        run = self.run
+        try:
+            with run.state.track() as drain_scope:
+                run.drain_scope = drain_scope
+                async with AsyncExitStack() as stack:
+                    channels = await admit(run, stack, self.prepared.chat.params, "input")
+                    with drain_scope:
+                        await run_choices(run, channels, self._sink)
+        finally:
+            run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+        failure = self._failure()
+        if failure is not None:
+            raise failure
+        return self._finished(None)
+
+    async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Admit, then stream the events. Reports an admission failure through
+        `task_status` (the client still gets its status code); ends quietly when
+        cancelled (the client has gone) or when the reader has gone away."""
+        run = self.run
+        with run.state.track() as drain_scope:
+            run.drain_scope = drain_scope
+            async with AsyncExitStack() as stack:
+                try:
+                    channels = await admit(run, stack, self.prepared.chat.params, "input")
+                except APIError as exc:
+                    task_status.started(exc)
+                    return
+                out = StreamOutput(ChunkSocket.of(connection_send()))
+                self.output = ResponseOutput(lambda e: out.put(sse.named_event(e["type"], e)))
+                task_status.started(out)
+                try:
+                    self.output.start(self.response)
+                    with drain_scope:
+                        await run_choices(run, channels, self._sink)
+                    self.output.finish(self._finished(self._failure()))
+                except* (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the response body was closed: the client is gone
+                except* Exception:
+                    log.exception(
+                        "streaming response failed request_id=%s", access_log.current_request_id()
+                    )
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        error = APIError(500, "Internal server error.", "internal_server_error")
+                        out.put(
+                            sse.named_event("error", {"type": "error", **error.body()["error"]})
+                        )
+                finally:
+                    out.close()
+                    run.state.metrics.e2e.observe(trio.current_time() - run.started_at)

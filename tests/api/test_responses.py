@@ -1,0 +1,180 @@
+"""The Responses API through the official `openai` client (sync, in worker
+threads) against the server on the scripted runner: objects, named stream
+events in order, stored conversations, and errors naming their parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from sluiceway import protocol
+from sluiceway.api.response_input import chat_messages
+from sluiceway.api.response_output import ResponseOutput
+
+from .conftest import MODEL, in_thread
+
+
+async def test_a_response_is_cut_by_max_output_tokens(oai: openai.OpenAI) -> None:
+    response = await in_thread(
+        lambda: oai.responses.create(
+            model=MODEL, input="hi", max_output_tokens=4, instructions="Be brief."
+        )
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    [message] = response.output
+    assert message.type == "message" and message.role == "assistant"
+    assert response.output_text and message.content[0].text == response.output_text
+    assert response.usage is not None and response.usage.output_tokens == 4
+    assert response.usage.total_tokens == response.usage.input_tokens + 4
+    assert response.instructions == "Be brief." and response.max_output_tokens == 4
+
+
+async def test_a_stored_response_continues_and_can_be_fetched_and_deleted(
+    oai: openai.OpenAI,
+) -> None:
+    first = await in_thread(
+        lambda: oai.responses.create(model=MODEL, input="hi", max_output_tokens=3)
+    )
+    assert first.usage is not None
+    second = await in_thread(
+        lambda: oai.responses.create(
+            model=MODEL, input="and then?", previous_response_id=first.id, max_output_tokens=3
+        )
+    )
+    alone = await in_thread(
+        lambda: oai.responses.create(
+            model=MODEL, input="and then?", max_output_tokens=3, store=False
+        )
+    )
+    assert second.previous_response_id == first.id
+    # The continued prompt holds the first exchange: it is longer than the same
+    # input alone by at least the first answer's tokens.
+    assert second.usage is not None and alone.usage is not None
+    assert second.usage.input_tokens >= alone.usage.input_tokens + first.usage.output_tokens
+    fetched = await in_thread(lambda: oai.responses.retrieve(first.id))
+    assert fetched.output_text == first.output_text and fetched.status == first.status
+    await in_thread(lambda: oai.responses.delete(first.id))
+    with pytest.raises(openai.NotFoundError):
+        await in_thread(lambda: oai.responses.retrieve(first.id))
+    with pytest.raises(openai.NotFoundError):  # store=False kept nothing
+        await in_thread(lambda: oai.responses.retrieve(alone.id))
+    with pytest.raises(openai.NotFoundError):
+        await in_thread(
+            lambda: oai.responses.create(model=MODEL, input="x", previous_response_id=first.id)
+        )
+
+
+async def test_a_streamed_response_sends_openais_events_in_order(oai: openai.OpenAI) -> None:
+    def run() -> list[Any]:
+        with oai.responses.stream(model=MODEL, input="hello", max_output_tokens=5) as stream:
+            return list(stream)
+
+    events = await in_thread(run)
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[4:9] == ["response.output_text.delta"] * 5
+    assert types[9:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output_text == text and final.usage.output_tokens == 5
+
+
+async def test_bad_input_is_a_400_naming_the_item(client: httpx.AsyncClient) -> None:
+    async def error(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        r = await client.post("/v1/responses", json={"model": MODEL, **body})
+        return r.status_code, r.json()["error"]
+
+    status, err = await error({"input": [{"role": "user", "content": "hi"}, {"type": "image"}]})
+    assert status == 400 and err["param"] == "input[1].type"
+    status, err = await error({"input": [{"type": "function_call_output", "output": "1"}]})
+    assert status == 400 and err["param"] == "input[0].call_id"
+    status, err = await error({"input": "hi", "tools": [{"type": "web_search"}]})
+    assert status == 400 and err["param"] == "tools[0].type"
+    status, err = await error({"input": "hi", "text": {"format": {"type": "yaml"}}})
+    assert status == 400 and err["param"] == "text.format.type"
+    status, err = await error({"input": []})
+    assert status == 400 and err["param"] == "input"
+    status, err = await error({"input": "hi", "model": "other"})
+    assert status == 404
+    for method in (client.get, client.delete):
+        r = await method("/v1/responses/resp_missing")
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+
+
+def test_input_items_become_chat_messages() -> None:
+    items = [
+        {"role": "developer", "content": "Use tools."},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather?"}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    messages = chat_messages(items)
+    assert messages[:2] == [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather?"},
+    ]
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]  # one assistant turn
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+
+
+def test_text_then_a_function_call_are_two_items_with_their_events() -> None:
+    events: list[dict[str, Any]] = []
+    out = ResponseOutput(events.append)
+    call = protocol.DeltaToolCall
+    fn = protocol.DeltaFunctionCall
+    out.feed(protocol.ChatCompletionChunkChoice(0, protocol.DeltaMessage(content="Let me check.")))
+    out.feed(
+        protocol.ChatCompletionChunkChoice(
+            0,
+            protocol.DeltaMessage(
+                tool_calls=[call(0, "call_1", "function", fn("get_weather", ""))]
+            ),
+        )
+    )
+    out.feed(
+        protocol.ChatCompletionChunkChoice(
+            0,
+            protocol.DeltaMessage(tool_calls=[call(0, function=fn(arguments='{"city": "Paris"}'))]),
+            finish_reason="tool_calls",
+        )
+    )
+    items = out.close()
+    assert [i["type"] for i in items] == ["message", "function_call"]
+    assert items[1]["call_id"] == "call_1" and items[1]["arguments"] == '{"city": "Paris"}'
+    assert [(e["type"], e.get("output_index")) for e in events] == [
+        ("response.output_item.added", 0),
+        ("response.content_part.added", 0),
+        ("response.output_text.delta", 0),
+        ("response.output_text.done", 0),
+        ("response.content_part.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.function_call_arguments.delta", 1),
+        ("response.function_call_arguments.done", 1),
+        ("response.output_item.done", 1),
+    ]
+    # The output replays as the chat turn it was.
+    [assistant] = chat_messages(items)[1:]
+    assert assistant["tool_calls"][0]["function"]["name"] == "get_weather"
