@@ -9,12 +9,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import trio
 
+from server_helpers import eventually
 from sluiceway import protocol
 from sluiceway.api.response_input import chat_messages
 from sluiceway.api.response_output import ResponseOutput
 
 from .conftest import MODEL, in_thread
+from .fakes import ScriptedRunner
 
 
 async def test_a_response_is_cut_by_max_output_tokens(oai: openai.OpenAI) -> None:
@@ -178,3 +181,71 @@ def test_text_then_a_function_call_are_two_items_with_their_events() -> None:
     # The output replays as the chat turn it was.
     [assistant] = chat_messages(items)[1:]
     assert assistant["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+async def test_a_background_response_runs_after_its_request_and_completes(
+    start_server: Any,
+) -> None:
+    async with (
+        start_server() as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": 3, "background": True}
+        queued = (await client.post("/v1/responses", json=body)).json()
+        assert queued["status"] == "queued" and queued["background"] is True
+        url = f"/v1/responses/{queued['id']}"
+
+        async def status() -> str:
+            return (await client.get(url)).json()["status"]
+
+        with trio.fail_after(20):
+            while await status() != "incomplete":  # cut at 3 tokens
+                await server.state.engine.wait_idle()
+        done = (await client.get(url)).json()
+        assert done["usage"]["output_tokens"] == 3 and done["output"][0]["type"] == "message"
+        # Cancelling a finished background response answers it as it is.
+        assert (await client.post(url + "/cancel")).json()["status"] == "incomplete"
+
+
+async def test_cancelling_a_background_response_frees_the_engine(
+    start_server: Any, runner: ScriptedRunner
+) -> None:
+    runner.gated = True
+    async with (
+        start_server() as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": 1500, "background": True}
+        queued = (await client.post("/v1/responses", json=body)).json()
+        url = f"/v1/responses/{queued['id']}"
+        engine = server.state.engine
+        with trio.fail_after(20):
+            runner.allow(3)
+            await eventually(lambda: engine.stats().num_running_seqs == 1)
+            cancelled = (await client.post(url + "/cancel")).json()
+            assert cancelled["status"] == "cancelled"
+            assert server.state.background_runs == {}
+            runner.open()  # the engine drops the aborted sequence at its next step
+            await engine.wait_idle()
+        stats = engine.stats()
+        assert stats.num_running_seqs == 0 and stats.kv_blocks_used == 0
+        assert stats.generation_tokens_total < 20  # not 1,500: no zombie decoding
+        assert (await client.get(url)).json()["status"] == "cancelled"
+
+
+async def test_background_needs_store_and_no_stream_and_cancel_needs_background(
+    client: httpx.AsyncClient,
+) -> None:
+    for extra in ({"store": False}, {"stream": True}):
+        body = {"model": MODEL, "input": "hi", "background": True, **extra}
+        r = await client.post("/v1/responses", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+    plain = (
+        await client.post(
+            "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}
+        )
+    ).json()
+    r = await client.post(f"/v1/responses/{plain['id']}/cancel")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_id"
+    r = await client.post("/v1/responses/resp_missing/cancel")
+    assert r.status_code == 404

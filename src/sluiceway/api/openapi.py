@@ -171,6 +171,16 @@ def _paths() -> dict[str, Any]:
                 parameters=[response_parameter],
             )["get"]
         },
+        "/v1/responses/{response_id}/cancel": {
+            "post": _get(
+                "Cancel a background response",
+                _ref(protocol.Response),
+                400,
+                401,
+                404,
+                parameters=[response_parameter],
+            )["get"]
+        },
         "/v1/models": _get("List the served model", _ref(protocol.ModelList), 401),
         "/v1/models/{model}": _get(
             "The served model's card", _ref(protocol.Model), 401, 404, parameters=[model_parameter]

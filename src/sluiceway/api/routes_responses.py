@@ -1,5 +1,6 @@
-"""The Responses API: `POST /v1/responses` (streamed with named events, or not),
-`GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`.
+"""The Responses API: `POST /v1/responses` (streamed with named events, whole, or
+in the background), `GET` and `DELETE /v1/responses/{id}`, and `POST
+/v1/responses/{id}/cancel` for a background one.
 
 A response is generated as one chat choice (`response_input` turns the request
 into the chat body, `response_output` the chat deltas into output items), so
@@ -31,7 +32,7 @@ from sluiceway.api.response_input import chat_body, chat_messages
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import StoredResponse
 from sluiceway.api.routes_generation import chat_prompts, stream_response, with_grammar
-from sluiceway.api.state import current_state
+from sluiceway.api.state import BackgroundRun, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import ChatRequest
 from sluiceway.engine.outputs import ChoiceDelta
@@ -77,8 +78,10 @@ async def create_response() -> Response:
     req = await prompts.prepare(
         state, len(data), lambda: prompts.parse_body(data, protocol.ResponseCreateRequest)
     )
-    if req.background:
-        raise errors.invalid_request("Background responses are not supported.", "background")
+    if req.background and (req.stream or req.store is False or state.background_nursery is None):
+        raise errors.invalid_request(
+            "A background response must be stored and not streamed.", "background"
+        )
     history: tuple[dict[str, Any], ...] = ()
     if req.previous_response_id is not None:
         stored = state.response_store.get(req.previous_response_id)
@@ -94,6 +97,8 @@ async def create_response() -> Response:
     run = RequestRun(state=state, prompts=ready, n=1, started_at=started)
     generation = _Generation(run, prepared)
     access_log.note_generation(generation.response.id, run)
+    if req.background:
+        return json_response(generation.start_in_background().to_dict())
     if not req.stream:
         return json_response((await generation.complete()).to_dict())
     return await stream_response(generation.stream)
@@ -104,6 +109,24 @@ async def get_response(response_id: str) -> Response:
     stored = current_state().response_store.get(response_id)
     if stored is None:
         raise response_not_found(response_id)
+    return json_response(stored.response.to_dict())
+
+
+@blueprint.post("/v1/responses/<response_id>/cancel")
+async def cancel_response(response_id: str) -> Response:
+    """Cancels a background response still running: its choice leaves the engine
+    before this answers. A finished one is answered as it is."""
+    state = current_state()
+    stored = state.response_store.get(response_id)
+    if stored is None:
+        raise response_not_found(response_id)
+    if not stored.response.background:
+        raise errors.invalid_request("Only a background response can be cancelled.", "response_id")
+    running = state.background_runs.get(response_id)
+    if running is not None:
+        running.scope.cancel()
+        await running.done.wait()
+        stored = state.response_store.get(response_id) or stored
     return json_response(stored.response.to_dict())
 
 
@@ -205,6 +228,37 @@ class _Generation:
         if failure is not None:
             raise failure
         return self._finished(None)
+
+    def start_in_background(self) -> protocol.Response:
+        """Stores the response as queued and starts its generation in the server's
+        background nursery; `POST /v1/responses/{id}/cancel` cancels it there."""
+        state = self.run.state
+        assert state.background_nursery is not None
+        queued = attrs.evolve(self.response, status="queued", background=True)
+        self.response = attrs.evolve(queued, status="in_progress")
+        state.response_store.put(StoredResponse(queued, ()))
+        running = state.background_runs[queued.id] = BackgroundRun()
+        state.background_nursery.start_soon(self._run_in_background, running)
+        return queued
+
+    async def _run_in_background(self, running: BackgroundRun) -> None:
+        state = self.run.state
+        try:
+            with running.scope:
+                try:
+                    await self.complete()
+                except APIError as exc:
+                    self._store_ended("failed", ResponseError(exc.code or exc.type, exc.message))
+            if running.scope.cancelled_caught:
+                self._store_ended("cancelled", None)
+        finally:
+            del state.background_runs[self.response.id]
+            running.done.set()
+
+    def _store_ended(self, status: str, error: ResponseError | None) -> None:
+        """Stores the response ended without its output (failed or cancelled)."""
+        ended = attrs.evolve(self.response, status=status, error=error, output=self.output.close())
+        self.run.state.response_store.put(StoredResponse(ended, ()))
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit, then stream the events. Reports an admission failure through

@@ -141,6 +141,7 @@ async def serve_async(
     ):
         await engine_nursery.start(engine.run)
         async with trio.open_nursery() as http:
+            state.background_nursery = http  # background responses run here
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 await hypercorn_serve(

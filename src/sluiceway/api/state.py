@@ -22,6 +22,15 @@ from sluiceway.fleet.kv_events_config import KVEventSource
 from sluiceway.grammar.compiler import GrammarCompiler
 
 
+@attrs.frozen(eq=False)
+class BackgroundRun:
+    """A background response still running: `scope` cancels it, `done` is set once
+    it has left the engine and stored its final state."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
 @attrs.define(eq=False)
 class ServerState:
     """Owned by the app (one event loop). Invariant: `active` counts requests inside
@@ -55,6 +64,11 @@ class ServerState:
     _grammar_compiler: GrammarCompiler | None = None
     # Responses kept for GET /v1/responses/{id} and previous_response_id.
     response_store: ResponseStore = attrs.field(factory=ResponseStore)
+    # Where `background: true` responses run (the server's own nursery, which
+    # outlives their requests; None: not served), and the cancel scope of each
+    # one still running, by response id.
+    background_nursery: trio.Nursery | None = None
+    background_runs: dict[str, BackgroundRun] = attrs.field(factory=dict)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
