@@ -56,6 +56,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-connections", type=positive_int, default=None, help="open connections at most; more are refused with 503 (default: the file descriptor limit less a reserve)")
     g.add_argument("--access-log", nargs="?", const="logfmt", default=None, choices=["logfmt", "json"], help="one line per request on stderr, in logfmt (the default style) or JSON")
     g.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON", help="publish KV-cache events for routers, as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' (docs/fleet.md)")
+    g.add_argument("--response-store", default=None, metavar="PATH", help="keep stored Responses API responses in this SQLite file, so that GET and previous_response_id outlive a restart (default: in memory)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -77,6 +78,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         access_log=args.access_log,
         kv_events=args.kv_events_config,
+        response_store=args.response_store,
     )
     try:
         engine = engine_config(args)

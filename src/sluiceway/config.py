@@ -133,3 +133,5 @@ class ServerConfig:
     )
     # Publish the KV cache's block lifecycle for routers (`--kv-events-config`); None: off.
     kv_events: KVEventsConfig | None = None
+    # The SQLite file stored responses live in (`--response-store`); None: in memory.
+    response_store: str | None = None

@@ -104,7 +104,7 @@ def _early_reply_cases() -> list[tuple[str, str, dict[str, Any], int]]:
     body = chat("hello", max_tokens=2)
     return [
         ("POST", CHAT, body, 401),  # no key: refused before the body is read
-        ("POST", "/v1/responses", body, 404),
+        ("POST", "/v1/no-such-endpoint", body, 404),
         ("PUT", CHAT, body, 405),
     ]
 

@@ -15,6 +15,7 @@ from server_helpers import eventually
 from sluiceway import protocol
 from sluiceway.api.response_input import chat_messages
 from sluiceway.api.response_output import ResponseOutput
+from sluiceway.api.response_store import MemoryResponseStore, SqliteResponseStore, StoredResponse
 
 from .conftest import MODEL, in_thread
 from .fakes import ScriptedRunner
@@ -249,3 +250,52 @@ async def test_background_needs_store_and_no_stream_and_cancel_needs_background(
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_id"
     r = await client.post("/v1/responses/resp_missing/cancel")
     assert r.status_code == 404
+
+
+def _entry(response_id: str, status: str = "completed") -> StoredResponse:
+    response = protocol.Response(id=response_id, created_at=1, model=MODEL, status=status)
+    return StoredResponse(response, ({"role": "user", "content": response_id},))
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_store_keeps_the_most_recently_used(tmp_path: Any, kind: str) -> None:
+    store = (
+        MemoryResponseStore(2) if kind == "memory" else SqliteResponseStore(tmp_path / "r.db", 2)
+    )
+    store.put(_entry("a"))
+    store.put(_entry("b"))
+    assert store.get("a") is not None  # a is now the more recent
+    store.put(_entry("c"))
+    assert store.get("b") is None and store.get("a") == _entry("a") and store.get("c") is not None
+    assert store.delete("a") and not store.delete("a") and store.get("a") is None
+
+
+def test_the_sqlite_store_outlives_its_process_and_fails_what_it_left_running(
+    tmp_path: Any,
+) -> None:
+    store = SqliteResponseStore(tmp_path / "r.db")
+    store.put(_entry("done"))
+    store.put(_entry("running", status="in_progress"))
+    store.close()
+    again = SqliteResponseStore(tmp_path / "r.db")
+    assert again.get("done") == _entry("done")
+    running = again.get("running")
+    assert running is not None and running.response.status == "failed"
+    assert running.response.error is not None
+    assert running.response.error.code == "server_restarted"
+
+
+async def test_a_conversation_continues_across_a_restart(start_server: Any, tmp_path: Any) -> None:
+    path = str(tmp_path / "responses.db")
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 3}
+    async with start_server(response_store=path) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = (await client.post("/v1/responses", json=body)).json()
+    async with start_server(response_store=path) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            kept = (await client.get(f"/v1/responses/{first['id']}")).json()
+            assert kept["output"] == first["output"] and kept["usage"] == first["usage"]
+            follow = {**body, "input": "more", "previous_response_id": first["id"]}
+            second = await client.post("/v1/responses", json=follow)
+            assert second.status_code == 200
+            assert second.json()["usage"]["input_tokens"] > first["usage"]["input_tokens"]

@@ -19,6 +19,7 @@ from sluiceway.api import errors, prompts
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
+from sluiceway.api.response_store import SqliteResponseStore
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
 from sluiceway.api.routes_misc import blueprint as misc_blueprint
@@ -185,6 +186,8 @@ def create_app(
         created=int(time.time()),
         model_vocab_size=model_vocab_size,
     )
+    if server_config.response_store is not None:
+        state.response_store = SqliteResponseStore(server_config.response_store)
     app.config["SLUICEWAY_STATE"] = state
     app.register_blueprint(generation_blueprint)
     app.register_blueprint(responses_blueprint)

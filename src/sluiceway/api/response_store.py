@@ -1,16 +1,21 @@
 """Stored responses (`store: true`): the response object for
 `GET /v1/responses/{id}` and the conversation a later `previous_response_id`
-continues. In memory, bounded: past `capacity` responses the least recently
-used goes first."""
+continues. Bounded: past `capacity` responses the least recently used goes
+first. In memory by default (`MemoryResponseStore`); in a SQLite file with
+`--response-store PATH` (`SqliteResponseStore`), so they outlive a restart."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections import OrderedDict
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import attrs
 
 from sluiceway import protocol
+from sluiceway.protocol.responses import ResponseError
 
 
 @attrs.frozen
@@ -21,7 +26,22 @@ class StoredResponse:
     conversation: tuple[dict[str, Any], ...]
 
 
-class ResponseStore:
+class ResponseStore(Protocol):
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The entry (None: not stored, deleted, or evicted); counts as a use."""
+        ...
+
+    def put(self, entry: StoredResponse) -> None:
+        """Stores or replaces the entry of `entry.response.id`; may evict the least
+        recently used one."""
+        ...
+
+    def delete(self, response_id: str) -> bool:
+        """Whether there was an entry to delete."""
+        ...
+
+
+class MemoryResponseStore:
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
@@ -43,3 +63,74 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+_UNFINISHED = ("queued", "in_progress")
+
+
+class SqliteResponseStore:
+    """The same store in a SQLite file. Each call is one short statement on the
+    caller's thread (the event loop's): rows are a response's JSON, a local file.
+    Opening it marks the background responses a previous process left
+    unfinished as failed: nothing generates them any more."""
+
+    def __init__(self, path: str | Path, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._db = sqlite3.connect(str(path), isolation_level=None)  # autocommit
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, response TEXT NOT NULL,"
+            " conversation TEXT NOT NULL, used INTEGER NOT NULL)"
+        )
+        self._clock = self._db.execute("SELECT COALESCE(MAX(used), 0) FROM responses").fetchone()[0]
+        for response_id, text in self._db.execute(
+            "SELECT id, response FROM responses WHERE json_extract(response, '$.status') IN (?, ?)",
+            _UNFINISHED,
+        ).fetchall():
+            entry = self.get(response_id)
+            assert entry is not None, text
+            error = ResponseError("server_restarted", "The server restarted.")
+            self.put(
+                attrs.evolve(
+                    entry, response=attrs.evolve(entry.response, status="failed", error=error)
+                )
+            )
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        row = self._db.execute(
+            "SELECT response, conversation FROM responses WHERE id = ?", (response_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (self._tick(), response_id))
+        response = protocol.Response.from_dict(json.loads(row[0]))
+        return StoredResponse(response, tuple(json.loads(row[1])))
+
+    def put(self, entry: StoredResponse) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            (
+                entry.response.id,
+                json.dumps(entry.response.to_dict()),
+                json.dumps(entry.conversation),
+                self._tick(),
+            ),
+        )
+        self._db.execute(
+            "DELETE FROM responses WHERE id NOT IN"
+            " (SELECT id FROM responses ORDER BY used DESC LIMIT ?)",
+            (self.capacity,),
+        )
+
+    def delete(self, response_id: str) -> bool:
+        return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()

@@ -15,7 +15,7 @@ from quart import current_app
 from sluiceway.api.errors import APIError, draining, engine_unhealthy, model_not_found
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
-from sluiceway.api.response_store import ResponseStore
+from sluiceway.api.response_store import MemoryResponseStore, ResponseStore
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_config import KVEventSource
@@ -63,7 +63,7 @@ class ServerState:
     heavy_input_limiter: trio.CapacityLimiter = attrs.field(factory=lambda: trio.CapacityLimiter(1))
     _grammar_compiler: GrammarCompiler | None = None
     # Responses kept for GET /v1/responses/{id} and previous_response_id.
-    response_store: ResponseStore = attrs.field(factory=ResponseStore)
+    response_store: ResponseStore = attrs.field(factory=MemoryResponseStore)
     # Where `background: true` responses run (the server's own nursery, which
     # outlives their requests; None: not served), and the cancel scope of each
     # one still running, by response id.
