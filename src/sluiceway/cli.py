@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sluiceway.config import ServerConfig
+from sluiceway.config import KeyBudget, ServerConfig
 from sluiceway.flags import (
     add_engine_flags,
     add_model_flags,
@@ -20,6 +20,15 @@ from sluiceway.flags import (
     positive_int,
 )
 from sluiceway.fleet.kv_events_config import KVEventsConfig
+
+
+def _key_budgets(path: str) -> dict[str, KeyBudget]:
+    from sluiceway.api.rate_limits import load_key_budgets
+
+    try:
+        return load_key_budgets(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _kv_events_config(text: str) -> KVEventsConfig:
@@ -56,6 +65,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-connections", type=positive_int, default=None, help="open connections at most; more are refused with 503 (default: the file descriptor limit less a reserve)")
     g.add_argument("--access-log", nargs="?", const="logfmt", default=None, choices=["logfmt", "json"], help="one line per request on stderr, in logfmt (the default style) or JSON")
     g.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON", help="publish KV-cache events for routers, as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' (docs/fleet.md)")
+    g.add_argument("--api-key-budgets", type=_key_budgets, default={}, metavar="FILE", help='JSON of accepted keys with requests and tokens a minute each, e.g. {"keys": {"KEY": {"requests_per_minute": 60, "tokens_per_minute": 40000}}}; over budget is a 429 with Retry-After')
     g.add_argument("--response-store", default=None, metavar="PATH", help="keep stored Responses API responses in this SQLite file, so that GET and previous_response_id outlive a restart (default: in memory)")
     p.set_defaults(handler=_cmd_serve)
 
@@ -79,6 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         kv_events=args.kv_events_config,
         response_store=args.response_store,
+        api_key_budgets=args.api_key_budgets,
     )
     try:
         engine = engine_config(args)

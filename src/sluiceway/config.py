@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -102,6 +103,14 @@ class ModelConfig:
     tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
 
 
+@attrs.frozen
+class KeyBudget:
+    """One API key's budget a minute (None: unlimited); see `api/rate_limits.py`."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
 @attrs.frozen(kw_only=True)
 class ServerConfig:
     """HTTP-side settings. `request_timeout=None` lets a request run as long as it needs;
@@ -135,3 +144,9 @@ class ServerConfig:
     kv_events: KVEventsConfig | None = None
     # The SQLite file stored responses live in (`--response-store`); None: in memory.
     response_store: str | None = None
+    # Keys with a budget (`--api-key-budgets`), accepted beside `api_keys`.
+    api_key_budgets: Mapping[str, KeyBudget] = attrs.field(factory=dict)
+
+    @property
+    def accepted_keys(self) -> tuple[str, ...]:
+        return self.api_keys + tuple(k for k in self.api_key_budgets if k not in self.api_keys)

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -19,6 +19,7 @@ from sluiceway.api import errors, prompts
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
+from sluiceway.api.rate_limits import GENERATION_PATHS, RateLimits, budgeted_key
 from sluiceway.api.response_store import SqliteResponseStore
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
@@ -117,14 +118,28 @@ def _key_ok(header: str | None, keys: tuple[str, ...]) -> bool:
     return ok and scheme.lower() == "bearer"
 
 
-def _install_hooks(app: SluicewayApp, config: ServerConfig) -> None:
+def _install_hooks(app: SluicewayApp, config: ServerConfig, state: ServerState) -> None:
+    keys = config.accepted_keys
+
     @app.before_request
     async def authenticate() -> Response | None:
-        if not config.api_keys or request.method == "OPTIONS" or request.path in OPEN_PATHS:
+        if not keys or request.method == "OPTIONS" or request.path in OPEN_PATHS:
             return None
-        if not _key_ok(request.headers.get("Authorization"), config.api_keys):
+        header = request.headers.get("Authorization")
+        if not _key_ok(header, keys):
             return _error_response(errors.unauthorized())
+        key = (header or "").partition(" ")[2].strip()
+        if key in config.api_key_budgets:
+            g.budgeted_key = key
+            if request.method == "POST" and request.path in GENERATION_PATHS:
+                state.rate_limits.take(key, requests=1)
         return None
+
+    @app.after_request
+    async def rate_limit_headers(response: Response) -> Response:
+        for name, value in state.rate_limits.headers(budgeted_key()):
+            response.headers.setdefault(name, value)
+        return response
 
     @app.after_request
     async def cors(response: Response) -> Response:
@@ -186,6 +201,7 @@ def create_app(
         created=int(time.time()),
         model_vocab_size=model_vocab_size,
     )
+    state.rate_limits = RateLimits(server_config.api_key_budgets)
     if server_config.response_store is not None:
         state.response_store = SqliteResponseStore(server_config.response_store)
     app.config["SLUICEWAY_STATE"] = state
@@ -193,7 +209,7 @@ def create_app(
     app.register_blueprint(responses_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
-    _install_hooks(app, server_config)
+    _install_hooks(app, server_config, state)
     return app
 
 

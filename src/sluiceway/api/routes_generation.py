@@ -36,6 +36,7 @@ from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import json_response
 from sluiceway.api.prompts import Prompt
+from sluiceway.api.rate_limits import take_tokens
 from sluiceway.api.state import ServerState, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import (
@@ -70,7 +71,9 @@ def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, li
     return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
 
 
-def completion_prompts(state: ServerState, data: bytes | str) -> tuple[CompletionRequest, list[Prompt]]:
+def completion_prompts(
+    state: ServerState, data: bytes | str
+) -> tuple[CompletionRequest, list[Prompt]]:
     """A completions body validated and its prompts tokenized (run by
     `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
     req = completion_request(
@@ -106,6 +109,12 @@ async def _generate(
     data = await request.get_data(cache=False)
     req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, param)
+    take_tokens(
+        state.rate_limits,
+        sum(len(p.token_ids) for p in ready),
+        req.params.max_tokens,
+        len(ready) * req.n,
+    )
     req = await with_grammar(state, req)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)

@@ -28,6 +28,7 @@ from sluiceway.api.completion_shapes import ChatShape
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import encode_json, json_response
+from sluiceway.api.rate_limits import take_tokens
 from sluiceway.api.response_input import chat_body, chat_messages
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import StoredResponse
@@ -91,6 +92,7 @@ async def create_response() -> Response:
     body = encode_json(chat_body(req, history)).encode("utf-8")
     chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
     prompts.check_lengths(state, ready, chat.params.max_tokens, "input")
+    take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), chat.params.max_tokens, 1)
     chat = await with_grammar(state, chat)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
     prepared = _Prepared(req, chat, ready, history, chat_messages(req.input))

@@ -15,6 +15,7 @@ from quart import current_app
 from sluiceway.api.errors import APIError, draining, engine_unhealthy, model_not_found
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.metrics import Metrics
+from sluiceway.api.rate_limits import RateLimits
 from sluiceway.api.response_store import MemoryResponseStore, ResponseStore
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
@@ -68,6 +69,8 @@ class ServerState:
     # outlives their requests; None: not served), and the cancel scope of each
     # one still running, by response id.
     background_nursery: trio.Nursery | None = None
+    # Per-key budgets (`--api-key-budgets`); none by default.
+    rate_limits: RateLimits = attrs.field(factory=lambda: RateLimits({}))
     background_runs: dict[str, BackgroundRun] = attrs.field(factory=dict)
 
     @property
