@@ -77,7 +77,7 @@ def write_gguf(model: Any, path: Path) -> None:
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        data = tensor.detach().to(dtype=tensor.dtype).float().numpy()
+        data = tensor.detach().float().numpy()
         if gemma and "norm.weight" in hf_name:
             data = data + np.float32(1)  # llama.cpp's Gemma converter stores 1 + weight
         writer.add_tensor(to_gguf[hf_name], data)

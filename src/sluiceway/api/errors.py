@@ -54,6 +54,16 @@ def unauthorized() -> APIError:
     )
 
 
+def response_not_found(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"No response found with id '{response_id}'.",
+        "invalid_request_error",
+        "response_id",
+        "not_found",
+    )
+
+
 def model_not_found(name: str) -> APIError:
     return APIError(
         404,

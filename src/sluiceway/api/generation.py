@@ -17,6 +17,7 @@ from contextlib import AsyncExitStack
 import attrs
 import trio
 
+from sluiceway.api import errors
 from sluiceway.api.errors import APIError, invalid_request, queue_full
 from sluiceway.api.prompts import Prompt
 from sluiceway.api.state import ServerState
@@ -76,6 +77,17 @@ class RequestRun:
     @property
     def cut_by_drain(self) -> bool:
         return self.drain_scope is not None and self.drain_scope.cancelled_caught
+
+    def failure(self) -> APIError | None:
+        """What ended the run early, as the error its client gets (None: it ran
+        to the end): the engine failed, the request timed out, or a drain cut it."""
+        if self.error is not None:
+            return errors.engine_unhealthy(self.error)
+        if self.timed_out:
+            return errors.timeout(self.state.server_config.request_timeout)
+        if self.cut_by_drain:
+            return errors.draining()
+        return None
 
     @property
     def prompt_tokens(self) -> int:

@@ -49,12 +49,16 @@ def load_key_budgets(path: str | Path) -> dict[str, KeyBudget]:
 
 @attrs.define
 class _Bucket:
+    """Full until first used; `updated` is when it was last refilled."""
+
     per_minute: int
     level: float
-    updated: float
+    updated: float | None = None
 
     def refill(self, now: float) -> None:
-        self.level = min(self.per_minute, self.level + (now - self.updated) * self.per_minute / 60)
+        if self.updated is not None:
+            gained = (now - self.updated) * self.per_minute / 60
+            self.level = min(self.per_minute, self.level + gained)
         self.updated = now
 
     def seconds_until(self, amount: float) -> float:
@@ -68,11 +72,10 @@ class RateLimits:
 
     def __init__(self, budgets: Mapping[str, KeyBudget]) -> None:
         self._buckets: dict[str, dict[str, _Bucket]] = {}
-        now = trio.current_time() if _in_trio() else 0.0
         for key, budget in budgets.items():
             kinds = {"requests": budget.requests_per_minute, "tokens": budget.tokens_per_minute}
             self._buckets[key] = {
-                kind: _Bucket(limit, float(limit), now)
+                kind: _Bucket(limit, float(limit))
                 for kind, limit in kinds.items()
                 if limit is not None
             }
@@ -134,11 +137,3 @@ def take_tokens(
     """Charges the current request's key for what it may cost: its prompts, and
     `max_tokens` for each choice where the request sets it."""
     limits.take(budgeted_key(), tokens=prompt_tokens + (max_tokens or 0) * choices)
-
-
-def _in_trio() -> bool:
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return False
-    return True

@@ -172,12 +172,9 @@ async def _complete(
                     await run_choices(run, channels, collect)
     finally:
         run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
-    if run.error is not None:
-        raise errors.engine_unhealthy(run.error)
-    if run.timed_out:
-        raise errors.timeout(run.state.server_config.request_timeout)
-    if run.cut_by_drain:
-        raise errors.draining()
+    failure = run.failure()
+    if failure is not None:
+        raise failure
     return full_response(shape, run, request_id, created)
 
 
@@ -303,13 +300,7 @@ class _Stream:
 
     def _finish(self) -> None:
         run = self.run_state
-        error: APIError | None = None
-        if run.error is not None:
-            error = errors.engine_unhealthy(run.error)
-        elif run.timed_out:
-            error = errors.timeout(run.state.server_config.request_timeout)
-        elif run.cut_by_drain:
-            error = errors.draining()
+        error = run.failure()
         if error is not None:
             self._emit(error.body())
         elif self.req.stream_options.include_usage:

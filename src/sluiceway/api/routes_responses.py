@@ -51,16 +51,6 @@ log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
 
 
-def response_not_found(response_id: str) -> APIError:
-    return APIError(
-        404,
-        f"No response found with id '{response_id}'.",
-        "invalid_request_error",
-        "response_id",
-        "not_found",
-    )
-
-
 @attrs.frozen
 class _Prepared:
     request: protocol.ResponseCreateRequest
@@ -87,7 +77,7 @@ async def create_response() -> Response:
     if req.previous_response_id is not None:
         stored = state.response_store.get(req.previous_response_id)
         if stored is None:
-            raise response_not_found(req.previous_response_id)
+            raise errors.response_not_found(req.previous_response_id)
         history = stored.conversation
     body = encode_json(chat_body(req, history)).encode("utf-8")
     chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
@@ -110,7 +100,7 @@ async def create_response() -> Response:
 async def get_response(response_id: str) -> Response:
     stored = current_state().response_store.get(response_id)
     if stored is None:
-        raise response_not_found(response_id)
+        raise errors.response_not_found(response_id)
     return json_response(stored.response.to_dict())
 
 
@@ -121,7 +111,7 @@ async def cancel_response(response_id: str) -> Response:
     state = current_state()
     stored = state.response_store.get(response_id)
     if stored is None:
-        raise response_not_found(response_id)
+        raise errors.response_not_found(response_id)
     if not stored.response.background:
         raise errors.invalid_request("Only a background response can be cancelled.", "response_id")
     running = state.background_runs.get(response_id)
@@ -135,7 +125,7 @@ async def cancel_response(response_id: str) -> Response:
 @blueprint.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
     if not current_state().response_store.delete(response_id):
-        raise response_not_found(response_id)
+        raise errors.response_not_found(response_id)
     return json_response(protocol.ResponseDeleted(response_id).to_dict())
 
 
@@ -171,16 +161,6 @@ class _Generation:
             body = self.shape.delta_choice(choice, delta)
             if body is not None:
                 self.output.feed(body)
-
-    def _failure(self) -> APIError | None:
-        run = self.run
-        if run.error is not None:
-            return errors.engine_unhealthy(run.error)
-        if run.timed_out:
-            return errors.timeout(run.state.server_config.request_timeout)
-        if run.cut_by_drain:
-            return errors.draining()
-        return None
 
     def _finished(self, failure: APIError | None) -> protocol.Response:
         """The response in its final status, stored when it asked to be."""
@@ -226,7 +206,7 @@ class _Generation:
                         await run_choices(run, channels, self._sink)
         finally:
             run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
-        failure = self._failure()
+        failure = self.run.failure()
         if failure is not None:
             raise failure
         return self._finished(None)
@@ -282,7 +262,7 @@ class _Generation:
                     self.output.start(self.response)
                     with drain_scope:
                         await run_choices(run, channels, self._sink)
-                    self.output.finish(self._finished(self._failure()))
+                    self.output.finish(self._finished(self.run.failure()))
                 except* (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass  # the response body was closed: the client is gone
                 except* Exception:

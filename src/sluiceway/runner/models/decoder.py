@@ -88,9 +88,7 @@ class DecoderModel:
         # RMSNorm, residual adds and SiLU-and-multiply: C kernels on the CPU for
         # bfloat16, and for float32 when quantized (unquantized float32 keeps torch's
         # ops, exactly what transformers computes), as `layer_ops_for` says.
-        self.ops = layer_ops_for(
-            dtype, self.device, native_ops, exact_float32=quantization is None
-        )
+        self.ops = layer_ops_for(dtype, self.device, native_ops, exact_float32=quantization is None)
         # Steps of one sequence and one token run every layer in one C call where
         # the weights allow (`OneTokenDecode`); False keeps the Python layer loop.
         self.fuse_one_token_steps = self.architecture.llama_layers
@@ -103,6 +101,11 @@ class DecoderModel:
                 why,
             )
         self._one_token: tuple[KVCache, OneTokenDecode | None] | None = None
+        # Whether any layer may ever need masked attention: the per-step check
+        # over the layers is skipped for the models (most) where none can.
+        self._may_mask = arch.attn_softcap is not None or any(
+            w is not None for w in arch.layer_windows
+        )
 
     @classmethod
     def from_checkpoint(
@@ -144,7 +147,9 @@ class DecoderModel:
             hidden = hidden * self.embed_scale
         arch = self.architecture
         masked = None
-        if any(arch.needs_masked_attention(i, meta.max_seq_len) for i in range(len(self.layers))):
+        if self._may_mask and any(
+            arch.needs_masked_attention(i, meta.max_seq_len) for i in range(len(self.layers))
+        ):
             masked = MaskedAttentionPlan(meta, attention.kv_cache)
         one_token = None
         if input_ids.shape[0] == 1 and masked is None:
@@ -235,7 +240,10 @@ class DecoderModel:
                 and isinstance(attention, TorchAttention)
                 and attention.native_decode
             )
-            self._one_token = (cache, OneTokenDecode.build(self.shape, self.layers, cache, eligible))
+            self._one_token = (
+                cache,
+                OneTokenDecode.build(self.shape, self.layers, cache, eligible),
+            )
         fused = self._one_token[1]
         return fused if fused is not None and fused.serves(cache, meta) else None
 
@@ -287,7 +295,9 @@ class DecoderModel:
             norm = gemma_rms_norm if arch.gemma_norms else self.ops.rms_norm
             q = norm(qk[:, : s.num_heads].reshape(-1, s.head_dim), layer.q_norm, eps)
             k = norm(qk[:, s.num_heads :].reshape(-1, s.head_dim), layer.k_norm, eps)
-            qk = torch.cat((q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim)), dim=1)
+            qk = torch.cat(
+                (q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim)), dim=1
+            )
         # q and k side by side: one rotation covers both heads' sets (half the
         # elementwise launches); the result is the same element by element.
         if arch.rope_layers[i]:
