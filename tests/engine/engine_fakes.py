@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 
 EOS = 256
 
@@ -67,3 +68,25 @@ class ScriptedRunner:
             for c in batch.chunks
             if c.sample
         ]
+
+
+@attrs.define
+class PoolingScriptedRunner(ScriptedRunner):
+    """A `ScriptedRunner` that also pools: a token's "hidden state" is (its id, its
+    position, 1.0), so a mean over a prompt is (mean id, mean position, 1.0) and
+    a last is (last id, last position, 1.0): any chunk counted twice or missed
+    shows."""
+
+    pooling: PoolingSpec = attrs.field(factory=lambda: PoolingSpec("mean", 3))
+
+    def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]:
+        samples = self.step(batch)
+        pooled = []
+        for c in batch.chunks:
+            rows = [(float(t), float(c.start_pos + i), 1.0) for i, t in enumerate(c.token_ids)]
+            if c.pooling == "last":
+                rows = rows[-1:]
+            if c.pooling is not None:
+                sums = tuple(float(sum(col)) for col in zip(*rows, strict=True))
+                pooled.append(PooledHidden(c.seq_id, sums))
+        return samples, pooled

@@ -14,6 +14,7 @@ from typing import Protocol
 import attrs
 
 from sluiceway.engine.constraint import TokenMasks
+from sluiceway.engine.pooling import PooledHidden, Pooling, PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
 
 
@@ -33,6 +34,10 @@ class ScheduledChunk:
     whatever else is in the batch), `suppressed_token_ids` get -inf (EOS while
     `min_tokens` is unmet), and `prompt_token_ids` / `output_token_ids` feed the
     repetition, presence and frequency penalties.
+
+    `pooling` is set on the chunks of an embedding sequence (which never samples):
+    the runner then returns the chunk's final-normed hidden states pooled as it
+    says (`PooledHidden`).
     """
 
     seq_id: int
@@ -45,6 +50,7 @@ class ScheduledChunk:
     suppressed_token_ids: tuple[int, ...] = ()
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
+    pooling: Pooling | None = None
 
 
 @attrs.frozen
@@ -93,3 +99,15 @@ class ModelRunner(Protocol):
     def num_blocks(self) -> int: ...
 
     def step(self, batch: StepBatch) -> list[SampledToken]: ...
+
+
+class PoolingModelRunner(ModelRunner, Protocol):
+    """A runner that also serves embeddings: `pooling` says how its model's are
+    pooled, and `step_pooled` is `step` plus one `PooledHidden` per chunk with
+    `pooling` set, in chunk order. The engine calls `step_pooled` only for steps
+    that have such chunks."""
+
+    @property
+    def pooling(self) -> PoolingSpec: ...
+
+    def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]: ...

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Hashable, Iterable, Sequence
+from typing import cast
 
 import attrs
 
-from sluiceway.engine.batch import ModelRunner, SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.batch import (
+    ModelRunner,
+    PoolingModelRunner,
+    SampledToken,
+    ScheduledChunk,
+    StepBatch,
+)
 from sluiceway.engine.block_manager import BlockManager
 from sluiceway.engine.constraint import MaskFiller, TokenMasks, TokenMatcher, default_mask_filler
 from sluiceway.engine.detokenizer import Decode, IncrementalDetokenizer
 from sluiceway.engine.errors import PromptTooLongError
 from sluiceway.engine.outputs import ChoiceDelta, FinishReason, TokenLogprob
+from sluiceway.engine.pooling import PooledHidden, Pooling, PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.engine.scheduler import ScheduledWork, Scheduler
 from sluiceway.engine.sequence import Sequence as Seq
@@ -63,6 +71,9 @@ class EngineCore:
         """`mask_filler` fills the next-token masks of constrained choices (default:
         llguidance's, loaded when a request first has a grammar)."""
         self.runner = runner
+        # Embeddings are served when the runner can pool (`PoolingModelRunner`).
+        self.pooling: PoolingSpec | None = getattr(runner, "pooling", None)
+        self._pooling_runner = cast(PoolingModelRunner, runner) if self.pooling else None
         self._mask_filler = mask_filler
         self._decode = decode
         self.blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
@@ -92,20 +103,30 @@ class EngineCore:
         n: int = 1,
         *,
         group: Hashable = None,
+        pooling: Pooling | None = None,
     ) -> list[int]:
         """Queue `n` choices of one prompt; returns their sequence ids (choice order).
 
         Requests of one `group` (say, the prompts of one client request) share one
         fair turn for sequence slots; None gives the request a group of its own.
-        Raises PromptTooLongError if the prompt leaves no room for one new token,
-        ValueError for an empty prompt or a duplicate request id.
+        With `pooling` the request is an embedding (`n` must be 1): its prompt runs
+        and it finishes with one delta carrying the pooled hidden state.
+        Raises PromptTooLongError if the prompt leaves no room for one new token
+        (for an embedding: if it is longer than the context), ValueError for an
+        empty prompt, a duplicate request id, or `pooling` on a runner that cannot
+        pool.
         """
-        self.check_prompt(prompt_token_ids)
+        self.check_prompt(prompt_token_ids, embedding=pooling is not None)
+        if pooling is not None and self.pooling is None:
+            raise ValueError("this model runner does not produce embeddings")
+        if pooling is not None and n != 1:
+            raise ValueError("an embedding has one choice")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id} is already in use")
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seqs = [self._new_sequence(request_id, j, prompt_token_ids, params, seed) for j in range(n)]
         for seq in seqs:
+            seq.pooling = pooling
             # Without a group the request is its own, keyed apart from the ints and
             # objects callers pass as groups.
             seq.group = ("request", request_id) if group is None else group
@@ -115,11 +136,18 @@ class EngineCore:
         self.prompt_tokens_total += len(prompt_token_ids)
         return [s.seq_id for s in seqs]
 
-    def check_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+    def check_prompt(self, prompt_token_ids: Sequence[int], *, embedding: bool = False) -> None:
         """Raise ValueError for an empty prompt, PromptTooLongError if it leaves no
-        room for one generated token."""
+        room for one generated token (for an `embedding`: if it outgrows the context)."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        if embedding:
+            if len(prompt_token_ids) > self.max_model_len:
+                raise PromptTooLongError(
+                    f"the input has {len(prompt_token_ids)} tokens; this model's context "
+                    f"holds {self.max_model_len}"
+                )
+            return
         if len(prompt_token_ids) + 1 > self.max_model_len:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt_token_ids)} tokens; this model's context "
@@ -203,9 +231,22 @@ class EngineCore:
             if self.has_work():
                 raise RuntimeError("the scheduler could not schedule any work")
             return []
-        sampling = [w.seq for w in plan.work if w.completes_sequence]
+        for seq in plan.preempted:
+            seq.pooled_sum = None  # its hidden states are recomputed from the start
+        sampling = [w.seq for w in plan.work if w.completes_sequence and w.seq.pooling is None]
         batch = StepBatch(tuple(self._chunk(w) for w in plan.work), self._start_masks(sampling))
-        samples = self.runner.step(batch)
+        pooled: list[PooledHidden] = []
+        # (sequence, whether this chunk ends its prompt) for every pooling chunk
+        pooling = [
+            (w.seq, w.completes_sequence)
+            for w, c in zip(plan.work, batch.chunks, strict=True)
+            if c.pooling is not None
+        ]
+        if pooling:
+            assert self._pooling_runner is not None  # add_request refuses embeddings otherwise
+            samples, pooled = self._pooling_runner.step_pooled(batch)
+        else:
+            samples = self.runner.step(batch)
         if batch.token_masks is not None:
             masks = batch.token_masks
             self.mask_rows_total += len(masks.rows)
@@ -215,7 +256,45 @@ class EngineCore:
             raise RuntimeError(f"runner returned {len(samples)} samples for {len(sampling)} chunks")
         for w in plan.work:
             w.seq.num_computed_tokens += w.num_tokens
-        return [(seq.seq_id, self._accept(seq, sample)) for seq, sample in zip(sampling, samples, strict=True)]
+        deltas = [(seq.seq_id, self._accept(seq, sample)) for seq, sample in zip(sampling, samples, strict=True)]
+        if pooling:
+            deltas.extend(self._pool(pooling, pooled))
+        return deltas
+
+    def _pool(
+        self, pooling: list[tuple[Seq, bool]], pooled: list[PooledHidden]
+    ) -> list[tuple[int, ChoiceDelta]]:
+        """Add the pooled rows to their sequences; finish those whose prompt is done."""
+        if len(pooled) != len(pooling):
+            raise RuntimeError(f"runner returned {len(pooled)} pooled rows for {len(pooling)} chunks")
+        finished = []
+        for (seq, completes), row in zip(pooling, pooled, strict=True):
+            if seq.pooling == "mean" and seq.pooled_sum is not None:
+                seq.pooled_sum = [a + b for a, b in zip(seq.pooled_sum, row.values, strict=True)]
+            else:
+                seq.pooled_sum = list(row.values)
+            if not completes:
+                continue
+            total = seq.pooled_sum
+            if seq.pooling == "mean":
+                total = [v / seq.num_prompt_tokens for v in total]
+            self._finish(seq)
+            delta = ChoiceDelta(
+                token_ids=(),
+                text="",
+                finish_reason="stop",
+                num_prompt_tokens=seq.num_prompt_tokens,
+                num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+                embedding=tuple(total),
+            )
+            finished.append((seq.seq_id, delta))
+        return finished
+
+    @staticmethod
+    def _pools(work: ScheduledWork) -> bool:
+        """Whether this chunk of an embedding sequence asks the runner for hidden
+        states: every chunk of a mean, the last chunk of a last."""
+        return work.seq.pooling == "mean" or work.completes_sequence
 
     def _start_masks(self, sampling: list[Seq]) -> TokenMasks | None:
         """Start filling the masks of the constrained rows, to run beside the model."""
@@ -231,7 +310,7 @@ class EngineCore:
     def _chunk(self, work: ScheduledWork) -> ScheduledChunk:
         seq = work.seq
         start = seq.num_computed_tokens
-        sample = work.completes_sequence
+        sample = work.completes_sequence and seq.pooling is None
         params = seq.params
         penalties = sample and params.needs_penalties
         return ScheduledChunk(
@@ -245,6 +324,7 @@ class EngineCore:
             suppressed_token_ids=self._suppressed(seq) if sample else (),
             prompt_token_ids=seq.prompt_token_ids if penalties else (),
             output_token_ids=seq.output_token_ids if penalties else (),
+            pooling=seq.pooling if seq.pooling is not None and self._pools(work) else None,
         )
 
     def _suppressed(self, seq: Seq) -> tuple[int, ...]:

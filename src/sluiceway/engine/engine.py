@@ -33,6 +33,7 @@ from sluiceway.engine.model_thread import (
     find_openmp_pool_release,
 )
 from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.engine.pooling import Pooling, PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class _AddRequest:
     params: SamplingParams
     senders: tuple[trio.MemorySendChannel[ChoiceDelta], ...]
     group: Hashable = None
+    pooling: Pooling | None = None
 
 
 @attrs.frozen
@@ -142,6 +144,11 @@ class Engine:
         return self._core.eos_token_ids
 
     @property
+    def pooling(self) -> PoolingSpec | None:
+        """How the model's embeddings are pooled; None: the runner makes none."""
+        return self._core.pooling
+
+    @property
     def failure(self) -> str | None:
         """Why the loop failed, or None while it is well."""
         return self._failure
@@ -220,14 +227,48 @@ class Engine:
             if request_id in self._live_requests:
                 self._inbox_send.send_nowait(_AbortRequest(request_id))
 
+    async def embed(
+        self, prompt_token_ids: Sequence[int], *, group: Hashable = None
+    ) -> ChoiceDelta:
+        """The embedding of one prompt: its final delta, whose `embedding` is the
+        model's pooled hidden state (`pooling`, not normalized) and whose counts give
+        the prompt's tokens. The prompt is scheduled, chunked and batched like any
+        other, as one prefill-only sequence; `group` as for `generate`.
+
+        Raises on entry as `generate` does, ValueError when the runner makes no
+        embeddings, and EngineUnhealthyError when the engine fails before the
+        embedding is ready. Cancellation aborts the sequence without blocking; the
+        engine frees its KV blocks before its next step.
+        """
+        if self.pooling is None:
+            raise ValueError("this model runner does not produce embeddings")
+        request_id, (receiver,) = self._submit(
+            prompt_token_ids, SamplingParams(max_tokens=1), 1, group, self.pooling.pooling
+        )
+        try:
+            async for delta in receiver:
+                if delta.finish_reason == "error" or delta.embedding is None:
+                    raise EngineUnhealthyError(delta.error or "the engine failed")
+                return delta
+            raise EngineUnhealthyError(self._failure or "the engine stopped")
+        finally:
+            receiver.close()
+            if request_id in self._live_requests:
+                self._inbox_send.send_nowait(_AbortRequest(request_id))
+
     def _submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int, group: Hashable
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        n: int,
+        group: Hashable,
+        pooling: Pooling | None = None,
     ) -> tuple[int, tuple[ChoiceChannel, ...]]:
         if n < 1:
             raise ValueError("n must be at least 1")
         if not self.healthy:
             raise EngineUnhealthyError(self._failure or "the engine is shutting down")
-        self._core.check_prompt(prompt_token_ids)
+        self._core.check_prompt(prompt_token_ids, embedding=pooling is not None)
         waiting = self._choices_waiting_for_a_slot()
         # An empty queue always admits, so a request with n > max_waiting is not
         # refused forever on an idle server.
@@ -246,6 +287,7 @@ class Engine:
                 params,
                 tuple(s for s, _ in channels),
                 group,
+                pooling,
             )
         )
         self.arrivals.arrived()
@@ -395,6 +437,7 @@ class Engine:
             message.params,
             len(message.senders),
             group=message.group,
+            pooling=message.pooling,
         )
         for seq_id, sender in zip(seq_ids, message.senders, strict=True):
             self._senders[seq_id] = (message.request_id, sender)

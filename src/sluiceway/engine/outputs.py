@@ -27,7 +27,8 @@ class ChoiceDelta:
     last delta only; after it the channel is closed. `stop_reason` is the stop
     string or stop token id that ended the choice, when one did. `error` is set
     (with finish_reason "error") when the engine failed. Token counts are totals
-    so far, for usage reporting.
+    so far, for usage reporting. `embedding` is an embedding sequence's pooled
+    hidden state (mean or last, not normalized), on its one and last delta.
     """
 
     token_ids: tuple[int, ...]
@@ -39,6 +40,7 @@ class ChoiceDelta:
     num_output_tokens: int = 0
     num_cached_prompt_tokens: int = 0
     error: str | None = None
+    embedding: tuple[float, ...] | None = None
 
     def then(self, later: ChoiceDelta) -> ChoiceDelta:
         """This delta followed by `later` (of the same choice) as one delta: tokens,

@@ -126,7 +126,7 @@ class Scheduler:
         running_by_group = Counter(seq.group for seq in self.running)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(running_by_group)
-            if seq.num_computed_tokens == 0 and not seq.block_ids:
+            if seq.num_computed_tokens == 0 and not seq.block_ids and seq.reuses_cached_prefix:
                 self._reuse_cached_prefix(seq)
             count = min(seq.num_uncomputed_tokens, budget)
             needed = self._blocks_needed(seq, count)

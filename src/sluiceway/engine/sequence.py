@@ -10,6 +10,7 @@ import attrs
 from sluiceway.engine.constraint import TokenMatcher
 from sluiceway.engine.detokenizer import IncrementalDetokenizer
 from sluiceway.engine.outputs import FinishReason, TokenLogprob
+from sluiceway.engine.pooling import Pooling
 from sluiceway.engine.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -52,6 +53,9 @@ class Sequence:
     `matcher` follows the output tokens through `params.grammar`; a preemption
     keeps the outputs (they are recomputed, not redrawn), so it keeps the matcher
     as it is.
+    `pooling` marks an embedding sequence: it runs its prompt and no more, and
+    `pooled_sum` adds up the pooled hidden states of its chunks so far (reset
+    when a preemption makes it recompute them).
     """
 
     seq_id: int
@@ -73,6 +77,8 @@ class Sequence:
     pending_logprobs: list[TokenLogprob] = attrs.field(factory=list)
     group: Hashable = None
     matcher: TokenMatcher | None = None
+    pooling: Pooling | None = None
+    pooled_sum: list[float] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +99,12 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def reuses_cached_prefix(self) -> bool:
+        """Whether admission may skip the prompt's cached blocks: not for a mean-pooled
+        embedding, which needs every token's hidden state."""
+        return self.pooling != "mean"
 
     def next_step_seed(self) -> int:
         return mix_seed(self.seed, self.choice_index, self.num_output_tokens)

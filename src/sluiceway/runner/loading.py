@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ import attrs
 import torch
 
 from sluiceway.cache_paths import cache_root
+from sluiceway.engine.pooling import Pooling, PoolingSpec
 from sluiceway.runner.models.architecture import UnsupportedModel
 from sluiceway.runner.models.registry import check_supported
 
@@ -44,7 +46,8 @@ class LoadedModel:
     (weights already in `dtype`); the runner builds its own fused weights from its
     state dict, and the module can be dropped (`loaded.module = None`) after that.
     `gguf_path` is the GGUF file the weights came from (None: a Hugging Face
-    directory), whose stored tensor types decide `--quantization auto`."""
+    directory), whose stored tensor types decide `--quantization auto`.
+    `pooling` is how the model's embeddings are pooled (`pooling_spec`)."""
 
     name: str
     hf_config: Any
@@ -54,6 +57,7 @@ class LoadedModel:
     max_model_len: int
     module: Any = None
     gguf_path: Path | None = None
+    pooling: PoolingSpec | None = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.module is None:
@@ -270,4 +274,56 @@ def load_model(model: str | None, dtype: str = "auto", progress: bool = True) ->
         max_model_len=_max_model_len(config),
         module=module,
         gguf_path=None if gguf is None else directory / gguf,
+        pooling=pooling_spec(directory, config),
     )
+
+
+# sentence-transformers' pooling modes that this server computes, by config key.
+_POOLING_MODES: dict[str, Pooling] = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_lasttoken": "last",
+}
+
+
+def pooling_spec(directory: Path, config: Any) -> PoolingSpec:
+    """How the model in `directory` pools its embeddings.
+
+    A sentence-transformers model says so in its Pooling module's config (found
+    through `modules.json`): mean or last token. Any other model is a causal LM,
+    whose last token is the one that has read the whole input (vLLM's default for
+    one too). `dimensions` shorter than the hidden size are allowed only for a
+    Matryoshka model: `matryoshka_dimensions` in config.json lists the widths, or
+    `is_matryoshka` allows any. Raises ModelLoadError for a pooling mode other
+    than those two (CLS or max pooling would give the wrong vectors).
+    """
+    hidden = int(config.hidden_size)
+    listed = getattr(config, "matryoshka_dimensions", None)
+    matryoshka: tuple[int, ...] | None = None
+    if listed:
+        matryoshka = tuple(int(d) for d in listed)
+    elif getattr(config, "is_matryoshka", False):
+        matryoshka = ()
+    return PoolingSpec(_pooling_mode(directory), hidden, matryoshka)
+
+
+def _pooling_mode(directory: Path) -> Pooling:
+    try:
+        modules = json.loads((directory / "modules.json").read_text())
+    except (OSError, ValueError):
+        return "last"
+    for module in modules if isinstance(modules, list) else []:
+        if not str(module.get("type", "")).endswith("models.Pooling"):
+            continue
+        path = directory / str(module.get("path", "")) / "config.json"
+        try:
+            options = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot read the pooling config {path}: {exc}") from None
+        chosen = [key for key, on in options.items() if key.startswith("pooling_mode_") and on]
+        if len(chosen) != 1 or chosen[0] not in _POOLING_MODES:
+            raise ModelLoadError(
+                f"{path}: pooling {', '.join(chosen) or 'none'} is not served "
+                "(mean or last token only)"
+            )
+        return _POOLING_MODES[chosen[0]]
+    return "last"

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
 from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
@@ -134,6 +135,9 @@ class TorchModelRunner:
     (`TritonAttention`) and falls back to eager, with a warning, if capture fails;
     True insists (ValueError for another backend; on a CPU device the static
     buffers run without capture, which is what tests exercise); False never.
+
+    It also serves embeddings (`PoolingModelRunner`), pooled as `pooling` says
+    (default: the last token's hidden state, as for a causal LM).
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class TorchModelRunner:
         quantization: str | None = None,
         cuda_graphs: bool | None = None,
         graph_batch_sizes: Sequence[int] | None = None,
+        pooling: PoolingSpec | None = None,
     ) -> None:
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
@@ -170,6 +175,7 @@ class TorchModelRunner:
         self.attention: AttentionBackend = factory(self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)
         self.decode_graphs = self._build_decode_graphs(cuda_graphs, graph_batch_sizes)
+        self.pooling = pooling or PoolingSpec("last", self.model.shape.hidden_size)
 
     @classmethod
     def from_loaded(
@@ -198,6 +204,7 @@ class TorchModelRunner:
             quantization=quantization,
             cuda_graphs=cuda_graphs,
             graph_batch_sizes=graph_batch_sizes,
+            pooling=loaded.pooling,
         )
 
     def _build_decode_graphs(
@@ -271,6 +278,32 @@ class TorchModelRunner:
         with torch.inference_mode():
             logits = self._logits(batch)
             return sample(logits, sampling, batch.token_masks) if sampling else []
+
+    def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]:
+        """`step`, plus the pooled hidden states of every chunk with `pooling` set:
+        the sum of its final-normed rows ("mean") or its last one ("last"), in
+        float32, in chunk order. Such steps never replay a decode graph: their
+        chunks are prefills."""
+        sampling = [c for c in batch.chunks if c.sample]
+        with torch.inference_mode():
+            inputs = build_inputs(batch.chunks, self.block_size, self.model.shape.scale, self.device)
+            meta = self.attention.prepare(inputs.meta)
+            model = self.model
+            hidden = model.hidden_states(inputs.input_ids, inputs.positions, self.attention, meta)
+            samples: list[SampledToken] = []
+            if sampling:
+                logits = model.logits(model.final_normed(hidden[inputs.logits_indices]))
+                samples = sample(logits, sampling, batch.token_masks)
+            pooled = []
+            end = 0
+            for chunk in batch.chunks:
+                start, end = end, end + len(chunk.token_ids)
+                if chunk.pooling is None:
+                    continue
+                rows = hidden[start:end] if chunk.pooling == "mean" else hidden[end - 1 : end]
+                total = model.final_normed(rows).to(torch.float32).sum(0)
+                pooled.append(PooledHidden(chunk.seq_id, tuple(total.tolist())))
+            return samples, pooled
 
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """The float32 logits `step` would sample from, as a new tensor (tests and

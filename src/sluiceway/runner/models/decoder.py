@@ -140,6 +140,18 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return float32
         logits `[len(logits_indices), vocab]` for the rows named by `logits_indices` only."""
+        hidden = self.hidden_states(input_ids, positions, attention, meta)
+        return self.logits(self.final_normed(hidden[logits_indices]))
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run `input_ids [T]` at `positions [T]`, filling the KV cache, and return the
+        residual stream `[T, hidden]` after the last layer (before the final norm)."""
         tables = {kind: self.rope_tables(positions, kind) for kind in self.rope}
         eps = self.shape.rms_norm_eps
         hidden = self.embed_tokens(input_ids)
@@ -160,14 +172,22 @@ class DecoderModel:
             hidden = self._gemma_layers(hidden, tables, attention, meta, masked)
         else:
             hidden = self._layers(hidden, tables, attention, meta, masked)
-        picked = hidden[logits_indices]
-        if arch.gemma_norms:
-            picked = gemma_rms_norm(picked, self.final_norm, eps)
-        else:
-            picked = self.ops.rms_norm(picked, self.final_norm, eps)
-        logits = self.output_logits(picked)
-        if arch.final_softcap is not None:
-            logits = torch.tanh(logits / arch.final_softcap) * arch.final_softcap
+        return hidden
+
+    def final_normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of the residual stream through the final norm: what the LM head reads,
+        and what transformers calls the last hidden state."""
+        eps = self.shape.rms_norm_eps
+        if self.architecture.gemma_norms:
+            return gemma_rms_norm(hidden, self.final_norm, eps)
+        return self.ops.rms_norm(hidden, self.final_norm, eps)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """float32 logits of final-normed rows, soft-capped where the model caps them."""
+        logits = self.output_logits(normed)
+        cap = self.architecture.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     # Three seams a tensor-parallel shard overrides (`runner/tensor_parallel/`): on

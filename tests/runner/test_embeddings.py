@@ -1,0 +1,106 @@
+"""Embeddings through the engine core and the torch runner equal transformers'
+last hidden state, mean- or last-pooled, for prompts chunked, batched with a
+generation and preempted; and how a checkpoint's pooling is read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from family_models import tiny
+from sluiceway.engine.core import EngineCore
+from sluiceway.engine.pooling import PoolingSpec
+from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.runner.loading import ModelLoadError, pooling_spec
+from sluiceway.runner.model_runner import TorchModelRunner
+
+PROMPTS = [[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 2, 3], [200, 201], [9] * 21, [4]]
+
+
+def transformers_embedding(model, prompt, pooling):
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([prompt])).last_hidden_state[0]
+    return hidden.mean(0) if pooling == "mean" else hidden[-1]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "gemma3", "mistral-window"])
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embeddings_match_the_last_hidden_state(name, pooling):
+    model = tiny(name)
+    hidden_size = model.config.hidden_size
+    # 12 blocks of 4 tokens cannot hold the grown generation and the prompts at
+    # once, and 5 tokens a step chunk the long prompts.
+    runner = TorchModelRunner(
+        model.config,
+        model.state_dict(),
+        block_size=4,
+        num_blocks=12,
+        pooling=PoolingSpec(pooling, hidden_size),
+    )
+    core = EngineCore(
+        runner,
+        lambda ids: "",
+        max_num_seqs=8,
+        max_num_batched_tokens=5,
+        eos_token_ids=[],
+        max_model_len=64,
+    )
+    core.add_request(0, [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    for _ in range(30):  # the generation grows to nine blocks first
+        core.step()
+    seq_ids = [
+        core.add_request(i + 1, p, SamplingParams(max_tokens=1), pooling=pooling)[0]
+        for i, p in enumerate(PROMPTS)
+    ]
+    got = {}
+    for _ in range(500):
+        if not core.has_work():
+            break
+        for seq_id, delta in core.step():
+            if delta.embedding is not None:
+                got[seq_id] = delta.embedding
+    assert core.stats().num_preemptions_total > 0
+    for seq_id, prompt in zip(seq_ids, PROMPTS, strict=True):
+        want = transformers_embedding(model, prompt, pooling)
+        torch.testing.assert_close(torch.tensor(got[seq_id]), want, rtol=1e-4, atol=1e-4)
+
+
+def _config(**fields):
+    return LlamaConfig(hidden_size=64, **fields)
+
+
+def test_a_causal_lm_pools_its_last_token_at_its_own_width(tmp_path):
+    assert pooling_spec(tmp_path, _config()) == PoolingSpec("last", 64, None)
+
+
+def test_a_sentence_transformers_pooling_module_decides(tmp_path):
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
+    (tmp_path / "1_Pooling").mkdir()
+    config = tmp_path / "1_Pooling" / "config.json"
+    config.write_text(json.dumps({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}))
+    assert pooling_spec(tmp_path, _config()).pooling == "mean"
+    config.write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    assert pooling_spec(tmp_path, _config()).pooling == "last"
+    config.write_text(json.dumps({"pooling_mode_cls_token": True}))
+    with pytest.raises(ModelLoadError, match="pooling_mode_cls_token is not served"):
+        pooling_spec(tmp_path, _config())
+
+
+def test_matryoshka_widths_come_from_the_config(tmp_path):
+    listed = pooling_spec(tmp_path, _config(matryoshka_dimensions=[16, 32]))
+    assert listed.matryoshka_dimensions == (16, 32)
+    assert [listed.allows_dimensions(d) for d in (16, 24, 32, 64, 65)] == [True, False, True, True, False]
+    anything = pooling_spec(tmp_path, _config(is_matryoshka=True))
+    assert [anything.allows_dimensions(d) for d in (0, 1, 63, 64, 65)] == [False, True, True, True, False]
+    fixed = pooling_spec(tmp_path, _config())
+    assert [fixed.allows_dimensions(d) for d in (32, 64)] == [False, True]
