@@ -15,6 +15,7 @@ from sluiceway import protocol
 _BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/chat/completions"): protocol.ChatCompletion,
     ("POST", "/v1/completions"): protocol.Completion,
+    ("POST", "/v1/embeddings"): protocol.EmbeddingList,
     ("POST", "/tokenize"): protocol.TokenizeResponse,
     ("POST", "/detokenize"): protocol.DetokenizeResponse,
     ("GET", "/v1/models"): protocol.ModelList,

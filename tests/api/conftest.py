@@ -13,6 +13,7 @@ import trio
 
 import server_helpers
 from sluiceway.api.serve import RunningServer
+from tiny_models import TINY_LLAMA
 from wire_roundtrip import Recorder
 
 from .fakes import ScriptedRunner
@@ -25,6 +26,25 @@ async def in_thread(fn: Callable[[], T]) -> T:
     """`fn()` in a worker thread (the sync `openai` client), within 30 s."""
     with trio.fail_after(30):
         return await trio.to_thread.run_sync(fn)
+
+
+@pytest.fixture(scope="package")
+def tiny_runner_parts(tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+    """A tiny random-weight Llama over the SmolLM2 tokenizer's vocabulary: its
+    config and state dict, for servers on the real torch runner."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        **TINY_LLAMA,
+        vocab_size=len(tokenizer),
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    return config, model.state_dict()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import attrs
 
 from server_helpers import StepGate, scripted_token
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 
 
 @attrs.define
@@ -49,3 +50,22 @@ class ScriptedRunner(StepGate):
                 )
                 out.append(SampledToken(c.seq_id, tok, -0.25, top))
         return out
+
+
+@attrs.define
+class PoolingRunner(ScriptedRunner):
+    """A `ScriptedRunner` that also makes embeddings: a prompt's is
+    (its last token id, its length, 0, 0), pooled "last"."""
+
+    pooling: PoolingSpec = attrs.field(factory=lambda: PoolingSpec("last", 4))
+
+    def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]:
+        samples = self.step(batch)
+        pooled = [
+            PooledHidden(
+                c.seq_id, (float(c.token_ids[-1]), float(c.start_pos + len(c.token_ids)), 0.0, 0.0)
+            )
+            for c in batch.chunks
+            if c.pooling is not None
+        ]
+        return samples, pooled

@@ -14,27 +14,10 @@ from server_helpers import stream
 from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
-from tiny_models import TINY_LLAMA
 
 from .conftest import MODEL
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def tiny_runner_parts(tokenizer: Any) -> tuple[Any, dict[str, Any]]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        **TINY_LLAMA,
-        vocab_size=len(tokenizer),
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config).eval()
-    return config, model.state_dict()
 
 
 async def test_batch_chat_equals_alone_with_real_runner(

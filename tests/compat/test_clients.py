@@ -248,3 +248,28 @@ def test_openai_responses_with_a_schema_and_a_stream(oai: openai.OpenAI) -> None
     assert events[-1].type == "response.incomplete"
     final = events[-1].response
     assert final.output_text == "".join(deltas) and final.usage.output_tokens == 8
+
+
+def test_openai_and_langchain_embeddings(oai: openai.OpenAI, server_url: str) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    texts = ["Paris is the capital of France.", "Rain is expected tomorrow.", "hi"]
+    batch = oai.embeddings.create(model=MODEL, input=texts)  # base64, decoded by the client
+    assert [d.index for d in batch.data] == [0, 1, 2]
+    assert batch.usage.prompt_tokens > len(texts)
+    for item in batch.data:
+        assert len(item.embedding) == 576  # SmolLM2-135M's hidden size
+        assert sum(v * v for v in item.embedding) == pytest.approx(1.0, rel=1e-4)
+    alone = oai.embeddings.create(model=MODEL, input=texts[1], encoding_format="float")
+    assert alone.data[0].embedding == pytest.approx(batch.data[1].embedding, abs=1e-4)
+    # LangChain sends its own token ids unless told not to (they would be tiktoken's).
+    langchain = OpenAIEmbeddings(
+        model=MODEL,
+        base_url=server_url + "/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        check_embedding_ctx_length=False,
+    )
+    vectors = langchain.embed_documents(texts)
+    for vector, item in zip(vectors, batch.data, strict=True):
+        assert vector == pytest.approx(item.embedding, abs=1e-4)
+    assert langchain.embed_query(texts[2]) == pytest.approx(batch.data[2].embedding, abs=1e-4)

@@ -19,8 +19,9 @@ from sluiceway.api import errors, prompts
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
-from sluiceway.api.rate_limits import GENERATION_PATHS, RateLimits, budgeted_key
+from sluiceway.api.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
 from sluiceway.api.response_store import SqliteResponseStore
+from sluiceway.api.routes_embeddings import blueprint as embeddings_blueprint
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
 from sluiceway.api.routes_misc import blueprint as misc_blueprint
@@ -131,7 +132,7 @@ def _install_hooks(app: SluicewayApp, config: ServerConfig, state: ServerState) 
         key = (header or "").partition(" ")[2].strip()
         if key in config.api_key_budgets:
             g.budgeted_key = key
-            if request.method == "POST" and request.path in GENERATION_PATHS:
+            if request.method == "POST" and request.path in BUDGETED_PATHS:
                 state.rate_limits.take(key, requests=1)
         return None
 
@@ -207,6 +208,7 @@ def create_app(
     app.config["SLUICEWAY_STATE"] = state
     app.register_blueprint(generation_blueprint)
     app.register_blueprint(responses_blueprint)
+    app.register_blueprint(embeddings_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
     _install_hooks(app, server_config, state)

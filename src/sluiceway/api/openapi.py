@@ -34,6 +34,8 @@ _TYPES: tuple[Any, ...] = (
     protocol.ResponseCreateRequest,
     protocol.Response,
     protocol.ResponseDeleted,
+    protocol.EmbeddingRequest,
+    protocol.EmbeddingList,
     protocol.ModelList,
     protocol.Model,
     protocol.ErrorObject,
@@ -181,6 +183,12 @@ def _paths() -> dict[str, Any]:
                 parameters=[response_parameter],
             )["get"]
         },
+        "/v1/embeddings": _post(
+            "Embeddings of one or many inputs",
+            protocol.EmbeddingRequest,
+            protocol.EmbeddingList,
+            _GENERATION_ERRORS,
+        ),
         "/v1/models": _get("List the served model", _ref(protocol.ModelList), 401),
         "/v1/models/{model}": _get(
             "The served model's card", _ref(protocol.Model), 401, 404, parameters=[model_parameter]

@@ -122,8 +122,11 @@ class RateLimits:
         return tuple(out)
 
 
-# The requests a budget counts.
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+# The paths whose POSTs take a request from a key's budget (and tokens, counted by
+# the route).
+BUDGETED_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
+)
 
 
 def budgeted_key() -> str | None:

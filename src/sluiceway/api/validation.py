@@ -139,21 +139,26 @@ def _common(
     }
 
 
-def _prompts(value: str | list[Any]) -> tuple[str | tuple[int, ...], ...]:
+def prompt_list(
+    value: str | list[Any], param: str = "prompt", limit: int = MAX_PROMPTS
+) -> tuple[str | tuple[int, ...], ...]:
+    """The prompts of a `prompt` (or embeddings `input`) field: a string, an array
+    of strings, an array of token ids (one prompt), or an array of token-id arrays;
+    strings and token-id arrays may be mixed. A 400 naming `param` otherwise, or
+    beyond `limit` prompts."""
     if isinstance(value, str):
         return (value,)
     if all(isinstance(p, int) for p in value):
         return (tuple(value),)
     if any(isinstance(p, int) for p in value):
         raise invalid_request(
-            "'prompt' must be a string, an array of strings, an array of token ids, "
+            f"'{param}' must be a string, an array of strings, an array of token ids, "
             "or an array of token-id arrays.",
-            "prompt",
+            param,
         )
-    # strings and token-id lists may be mixed in one batch
     prompts = tuple(p if isinstance(p, str) else tuple(p) for p in value)
-    if len(prompts) > MAX_PROMPTS:
-        raise invalid_request(f"A request may hold at most {MAX_PROMPTS} prompts.", "prompt")
+    if len(prompts) > limit:
+        raise invalid_request(f"A request may hold at most {limit} inputs in '{param}'.", param)
     return prompts
 
 
@@ -173,7 +178,7 @@ def completion_request(
     """What a decoded `/v1/completions` body asks the engine for. Raises `APIError`
     (400) for token ids outside the vocabulary, fields that contradict each other,
     or when prompts x n exceeds `max_choices`."""
-    prompts = _prompts(wire.prompt)
+    prompts = prompt_list(wire.prompt)
     for p in prompts:
         if not isinstance(p, str):
             check_token_ids(p, vocab_size, "prompt")

@@ -23,6 +23,7 @@ from sluiceway.protocol.chat import (
     DeltaMessage,
 )
 from sluiceway.protocol.completions import Completion, CompletionChoice, CompletionChunk
+from sluiceway.protocol.embeddings import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from sluiceway.protocol.errors import ErrorObject
 from sluiceway.protocol.logprobs import (
     ChatLogprobs,
@@ -85,6 +86,10 @@ __all__ = [
     "DeltaToolCall",
     "DetokenizeRequest",
     "DetokenizeResponse",
+    "Embedding",
+    "EmbeddingList",
+    "EmbeddingRequest",
+    "EmbeddingUsage",
     "ErrorObject",
     "FunctionCall",
     "FunctionCallItem",
