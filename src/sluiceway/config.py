@@ -53,6 +53,10 @@ class EngineConfig:
     prefilled in one step rather than the first request alone and the rest after
     it; the step starts as soon as none is being prepared and none has begun or
     arrived for half a millisecond (0: at once).
+    `background_step_tokens` is the most tokens background work (Batch API lines)
+    may take of one step; it never runs in a step that holds a foreground
+    prompt, so what a request waits for before its first token is at most one
+    step of that size.
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)
@@ -68,6 +72,7 @@ class EngineConfig:
     steps_on_event_loop: bool = False
     event_loop_decode_max_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     burst_window: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
+    background_step_tokens: int = attrs.field(default=64, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.steps_on_event_loop and self.step_timeout is not None:

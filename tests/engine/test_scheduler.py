@@ -96,7 +96,8 @@ def test_tiny_pool_forces_preemption_and_everything_still_finishes():
 
 
 requests = st.lists(
-    st.tuples(st.integers(1, 12), st.integers(1, 6), st.integers(1, 3), st.booleans()),
+    # (prompt length, max_tokens, n, aborted, background)
+    st.tuples(st.integers(1, 12), st.integers(1, 6), st.integers(1, 3), st.booleans(), st.booleans()),
     min_size=1,
     max_size=8,
 )
@@ -119,10 +120,12 @@ def test_budget_limits_and_block_accounting_hold_under_any_mix(
     )
     expected = {}
     aborted = set()
-    for rid, (plen, max_tokens, n, abort) in enumerate(reqs):
+    for rid, (plen, max_tokens, n, abort, background) in enumerate(reqs):
         prompt = [ord("a") + (rid + i) % 3 for i in range(plen)]
         try:
-            ids = core.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens), n=n)
+            ids = core.add_request(
+                rid, prompt, SamplingParams(max_tokens=max_tokens), n=n, background=background
+            )
         except Exception:
             continue  # too long for this tiny cache
         for seq_id in ids:

@@ -67,6 +67,7 @@ class EngineCore:
         max_model_len: int,
         enable_prefix_caching: bool = True,
         mask_filler: MaskFiller | None = None,
+        background_step_tokens: int = 64,
     ) -> None:
         """`mask_filler` fills the next-token masks of constrained choices (default:
         llguidance's, loaded when a request first has a grammar)."""
@@ -77,7 +78,9 @@ class EngineCore:
         self._mask_filler = mask_filler
         self._decode = decode
         self.blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.blocks, max_num_seqs, max_num_batched_tokens, background_step_tokens
+        )
         self.eos_token_ids = frozenset(eos_token_ids)
         # A sequence must fit in the cache on its own, or preemption could never
         # make room for it.
@@ -104,13 +107,15 @@ class EngineCore:
         *,
         group: Hashable = None,
         pooling: Pooling | None = None,
+        background: bool = False,
     ) -> list[int]:
         """Queue `n` choices of one prompt; returns their sequence ids (choice order).
 
         Requests of one `group` (say, the prompts of one client request) share one
         fair turn for sequence slots; None gives the request a group of its own.
         With `pooling` the request is an embedding (`n` must be 1): its prompt runs
-        and it finishes with one delta carrying the pooled hidden state.
+        and it finishes with one delta carrying the pooled hidden state. A
+        `background` request (a Batch API line) yields to every other (`Scheduler`).
         Raises PromptTooLongError if the prompt leaves no room for one new token
         (for an embedding: if it is longer than the context), ValueError for an
         empty prompt, a duplicate request id, or `pooling` on a runner that cannot
@@ -127,6 +132,7 @@ class EngineCore:
         seqs = [self._new_sequence(request_id, j, prompt_token_ids, params, seed) for j in range(n)]
         for seq in seqs:
             seq.pooling = pooling
+            seq.background = background
             # Without a group the request is its own, keyed apart from the ints and
             # objects callers pass as groups.
             seq.group = ("request", request_id) if group is None else group

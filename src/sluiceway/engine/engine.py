@@ -56,6 +56,7 @@ class _AddRequest:
     senders: tuple[trio.MemorySendChannel[ChoiceDelta], ...]
     group: Hashable = None
     pooling: Pooling | None = None
+    background: bool = False
 
 
 @attrs.frozen
@@ -115,6 +116,7 @@ class Engine:
             eos_token_ids=eos_token_ids,
             max_model_len=model_len,
             enable_prefix_caching=config.enable_prefix_caching,
+            background_step_tokens=config.background_step_tokens,
         )
         self.max_model_len = self._core.max_model_len
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](math.inf)
@@ -206,10 +208,12 @@ class Engine:
         *,
         n: int = 1,
         group: Hashable = None,
+        background: bool = False,
     ) -> AsyncIterator[tuple[ChoiceChannel, ...]]:
         """Generate `n` choices for one prompt; yields one receive channel per choice.
         Calls with the same `group` (the prompts of one client request) share one
         fair turn for sequence slots (see `Scheduler`); None: a group of its own.
+        `background` choices (Batch API lines) yield to every other.
 
         Each channel delivers `ChoiceDelta`s; the last has a finish_reason and then
         the channel ends. On entry raises EngineUnhealthyError (failed or
@@ -218,7 +222,7 @@ class Engine:
         (finished, error, cancellation) aborts the unfinished choices without
         blocking; the engine frees their KV blocks before its next step.
         """
-        request_id, receivers = self._submit(prompt_token_ids, params, n, group)
+        request_id, receivers = self._submit(prompt_token_ids, params, n, group, None, background)
         try:
             yield receivers
         finally:
@@ -228,12 +232,13 @@ class Engine:
                 self._inbox_send.send_nowait(_AbortRequest(request_id))
 
     async def embed(
-        self, prompt_token_ids: Sequence[int], *, group: Hashable = None
+        self, prompt_token_ids: Sequence[int], *, group: Hashable = None, background: bool = False
     ) -> ChoiceDelta:
         """The embedding of one prompt: its final delta, whose `embedding` is the
         model's pooled hidden state (`pooling`, not normalized) and whose counts give
         the prompt's tokens. The prompt is scheduled, chunked and batched like any
-        other, as one prefill-only sequence; `group` as for `generate`.
+        other, as one prefill-only sequence; `group` and `background` as for
+        `generate`.
 
         Raises on entry as `generate` does, ValueError when the runner makes no
         embeddings, and EngineUnhealthyError when the engine fails before the
@@ -243,7 +248,12 @@ class Engine:
         if self.pooling is None:
             raise ValueError("this model runner does not produce embeddings")
         request_id, (receiver,) = self._submit(
-            prompt_token_ids, SamplingParams(max_tokens=1), 1, group, self.pooling.pooling
+            prompt_token_ids,
+            SamplingParams(max_tokens=1),
+            1,
+            group,
+            self.pooling.pooling,
+            background,
         )
         try:
             async for delta in receiver:
@@ -263,6 +273,7 @@ class Engine:
         n: int,
         group: Hashable,
         pooling: Pooling | None = None,
+        background: bool = False,
     ) -> tuple[int, tuple[ChoiceChannel, ...]]:
         if n < 1:
             raise ValueError("n must be at least 1")
@@ -288,6 +299,7 @@ class Engine:
                 tuple(s for s, _ in channels),
                 group,
                 pooling,
+                background,
             )
         )
         self.arrivals.arrived()
@@ -438,6 +450,7 @@ class Engine:
             len(message.senders),
             group=message.group,
             pooling=message.pooling,
+            background=message.background,
         )
         for seq_id, sender in zip(seq_ids, message.senders, strict=True):
             self._senders[seq_id] = (message.request_id, sender)

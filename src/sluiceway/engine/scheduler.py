@@ -50,11 +50,19 @@ class Scheduler:
     sequence needs a block and none is free, the most recently admitted running
     sequence is preempted: its blocks are freed and it is recomputed later from its
     tokens (prompt and outputs so far), first in line within its group.
+
+    Background sequences (`Sequence.background`: Batch API lines) yield to every
+    other: they are scheduled after them, take at most `background_step_tokens`
+    tokens of a step, pause while another sequence waits or is in its prompt
+    (so none of a background prefill stands between a request and its first
+    token), are the first preempted for blocks, and give up their slot to a
+    waiting foreground sequence when every slot is taken.
     """
 
     blocks: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
+    background_step_tokens: int = 64
     waiting: deque[Sequence] = attrs.field(factory=deque)
     running: list[Sequence] = attrs.field(factory=list)
     num_preemptions: int = 0
@@ -87,18 +95,68 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         work: list[ScheduledWork] = []
         preempted: list[Sequence] = []
+        yielded = self._free_slots_for_foreground()
+        # Foreground first, each class in admission order; a preemption takes
+        # the last of this order (background first), never one already scheduled.
+        order = sorted(self.running, key=lambda seq: seq.background)
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            count = min(seq.num_uncomputed_tokens, budget)
-            if not self._reserve_blocks_for_running(seq, count, preempted):
-                break  # `seq` itself was preempted; everything after it already was
-            self._schedule(seq, count, work)
-            budget -= count
+        while index < len(order) and budget > 0 and not order[index].background:
+            budget = self._schedule_running(order, index, budget, work, preempted)
             index += 1
         if not preempted:
-            budget = self._admit_waiting(budget, work)
-        return SchedulerOutput(tuple(work), tuple(preempted))
+            budget = self._admit_waiting(budget, work, background=False, yielded=yielded)
+        if not (preempted or yielded or self._foreground_waits_or_prefills(work)):
+            budget = min(budget, self.background_step_tokens)
+            while index < len(order) and budget > 0:
+                budget = self._schedule_running(order, index, budget, work, preempted)
+                index += 1
+            if not preempted:
+                self._admit_waiting(budget, work, background=True, yielded=yielded)
+        return SchedulerOutput(tuple(work), tuple(yielded + preempted))
+
+    def _foreground_waits_or_prefills(self, work: list[ScheduledWork]) -> bool:
+        """Whether background work should sit this step out: a foreground sequence
+        still waits, or one runs part of its prompt (its first token is due)."""
+        return any(not seq.background for seq in self.waiting) or any(
+            w.seq.num_computed_tokens < w.seq.num_prompt_tokens for w in work
+        )
+    def _schedule_running(
+        self,
+        order: list[Sequence],
+        index: int,
+        budget: int,
+        work: list[ScheduledWork],
+        preempted: list[Sequence],
+    ) -> int:
+        """Schedule `order[index]` within `budget` (preempting from the end of
+        `order` for blocks); the budget left. A sequence preempted for itself
+        leaves `order` with nothing after it, which ends the caller's loop."""
+        seq = order[index]
+        count = min(seq.num_uncomputed_tokens, budget)
+        if not self._reserve_blocks_for_running(seq, count, order, preempted):
+            return 0  # `seq` itself was preempted; everything after it already was
+        self._schedule(seq, count, work)
+        return budget - count
+
+    def _free_slots_for_foreground(self) -> list[Sequence]:
+        """With every slot taken, preempt the latest background sequences, one for
+        each foreground sequence waiting; returns them."""
+        waiting = sum(1 for seq in self.waiting if not seq.background) if self.waiting else 0
+        yielded: list[Sequence] = []
+        while waiting > len(yielded) and len(self.running) >= self.max_num_seqs:
+            victim = self._latest_background()
+            if victim is None:
+                break
+            yielded.append(victim)
+        return yielded
+
+    def _latest_background(self) -> Sequence | None:
+        """Preempt the most recently admitted background sequence running, if any."""
+        victim = next((s for s in reversed(self.running) if s.background), None)
+        if victim is not None:
+            self.running.remove(victim)
+            self._preempt(victim)
+        return victim
 
     def _schedule(self, seq: Sequence, count: int, work: list[ScheduledWork]) -> None:
         # Registering at once lets a later sequence in this same step reuse the
@@ -108,11 +166,12 @@ class Scheduler:
         work.append(ScheduledWork(seq, count))
 
     def _reserve_blocks_for_running(
-        self, seq: Sequence, count: int, preempted: list[Sequence]
+        self, seq: Sequence, count: int, order: list[Sequence], preempted: list[Sequence]
     ) -> bool:
         needed = self._blocks_needed(seq, count)
         while needed > self.blocks.num_free:
-            victim = self.running.pop()
+            victim = order.pop()
+            self.running.remove(victim)
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
@@ -120,16 +179,33 @@ class Scheduler:
         seq.block_ids.extend(self.blocks.allocate(needed))
         return True
 
-    def _admit_waiting(self, budget: int, work: list[ScheduledWork]) -> int:
+    def _admit_waiting(
+        self,
+        budget: int,
+        work: list[ScheduledWork],
+        *,
+        background: bool,
+        yielded: list[Sequence],
+    ) -> int:
+        """Admit waiting sequences of one class (`background` or not) within `budget`.
+        A foreground one short of blocks preempts background sequences for them
+        (adding them to `yielded`); otherwise it waits, first in line."""
         if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
             return budget
         running_by_group = Counter(seq.group for seq in self.running)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(running_by_group)
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._next_waiting(running_by_group, background)
+            if seq is None:
+                break
             if seq.num_computed_tokens == 0 and not seq.block_ids and seq.reuses_cached_prefix:
                 self._reuse_cached_prefix(seq)
             count = min(seq.num_uncomputed_tokens, budget)
             needed = self._blocks_needed(seq, count)
+            while needed > self.blocks.num_free and not background:
+                victim = self._latest_background()
+                if victim is None:
+                    break
+                yielded.append(victim)
             if needed > self.blocks.num_free:
                 # Give back prefix hits and retry next step, still first in line:
                 # skipping it for smaller ones could starve a long prompt.
@@ -147,18 +223,23 @@ class Scheduler:
             budget -= count
         return budget
 
-    def _next_waiting(self, running_by_group: Counter[Hashable]) -> Sequence:
-        """The first waiting sequence of the group that runs the fewest sequences.
-        Stops at the first group that runs none, so with every waiting sequence in
-        a group of its own (the usual case) this looks at the head only."""
-        best = self.waiting[0]
-        fewest = running_by_group[best.group]
+    def _next_waiting(
+        self, running_by_group: Counter[Hashable], background: bool
+    ) -> Sequence | None:
+        """The first waiting sequence of the class (`background` or not) whose group
+        runs the fewest sequences; None when none of the class waits. Stops at the
+        first group that runs none, so with every waiting sequence in a group of its
+        own (the usual case) this looks at the first of the class only."""
+        best: Sequence | None = None
+        fewest = 0
         for seq in self.waiting:
+            if seq.background != background:
+                continue
+            running = running_by_group[seq.group]
+            if best is None or running < fewest:
+                best, fewest = seq, running
             if not fewest:
                 break
-            running = running_by_group[seq.group]
-            if running < fewest:
-                best, fewest = seq, running
         return best
 
     def _reuse_cached_prefix(self, seq: Sequence) -> None:

@@ -55,7 +55,8 @@ class Sequence:
     as it is.
     `pooling` marks an embedding sequence: it runs its prompt and no more, and
     `pooled_sum` adds up the pooled hidden states of its chunks so far (reset
-    when a preemption makes it recompute them).
+    when a preemption makes it recompute them). A `background` sequence (a Batch
+    API line) yields to every other in the scheduler.
     """
 
     seq_id: int
@@ -79,6 +80,7 @@ class Sequence:
     matcher: TokenMatcher | None = None
     pooling: Pooling | None = None
     pooled_sum: list[float] | None = None
+    background: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,97 @@
+"""Background sequences (Batch API lines) yield to every other: scheduled after
+them and within `background_step_tokens`, paused while a foreground prompt runs
+or waits, first to lose blocks and slots; and their outputs are unchanged."""
+
+from engine_fakes import EOS, ByteTokenizer, ScriptedRunner
+
+from sluiceway.engine.core import EngineCore
+from sluiceway.engine.sampling_params import SamplingParams
+
+tok = ByteTokenizer()
+
+
+def make_core(num_blocks=64, max_num_seqs=8, budget=32, background_step_tokens=6):
+    runner = ScriptedRunner(num_blocks=num_blocks, block_size=4)
+    core = EngineCore(
+        runner,
+        tok.decode,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=[EOS],
+        max_model_len=64,
+        background_step_tokens=background_step_tokens,
+    )
+    return core, runner
+
+
+def run_to_end(core):
+    texts: dict[int, str] = {}
+    for _ in range(1000):
+        if not core.has_work():
+            return texts
+        for seq_id, delta in core.step():
+            texts[seq_id] = texts.get(seq_id, "") + delta.text
+    raise AssertionError("the engine did not finish")
+
+
+def background_tokens(batch, ids):
+    return sum(len(c.token_ids) for c in batch.chunks if c.seq_id in ids)
+
+
+def test_background_prompts_take_at_most_their_share_of_a_step():
+    core, runner = make_core(budget=32, background_step_tokens=6)
+    ids = set(core.add_request(0, tok.encode("a" * 20), SamplingParams(max_tokens=2), background=True))
+    run_to_end(core)
+    assert [b.num_tokens for b in runner.batches] == [6, 6, 6, 2, 1]
+    assert all(background_tokens(b, ids) <= 6 for b in runner.batches)
+
+
+def test_a_foreground_prompt_runs_alone_and_background_work_resumes_after_it():
+    core, runner = make_core(budget=32, background_step_tokens=6)
+    bg = set(core.add_request(0, tok.encode("a" * 12), SamplingParams(max_tokens=8), background=True))
+    core.step()  # the background prompt's first chunk
+    fg = set(core.add_request(1, tok.encode("b" * 10), SamplingParams(max_tokens=3)))
+    core.step()
+    assert {c.seq_id for c in runner.batches[-1].chunks} == fg  # the prompt alone
+    core.step()  # the foreground decodes; the background prompt goes on beside it
+    assert {c.seq_id for c in runner.batches[-1].chunks} == fg | bg
+    run_to_end(core)
+
+
+def test_a_waiting_foreground_request_takes_a_background_slot():
+    core, runner = make_core(max_num_seqs=2)
+    bg = core.add_request(0, tok.encode("abc"), SamplingParams(max_tokens=20), background=True)
+    bg += core.add_request(1, tok.encode("abd"), SamplingParams(max_tokens=20), background=True)
+    for _ in range(3):
+        core.step()
+    (fg,) = core.add_request(2, tok.encode("xyz"), SamplingParams(max_tokens=2))
+    core.step()
+    assert [c.seq_id for c in runner.batches[-1].chunks] == [fg]
+    assert core.stats().num_preemptions_total == 1
+    assert {s.seq_id for s in core.scheduler.running} == {fg, bg[0]}
+
+
+def test_a_foreground_request_short_of_blocks_preempts_background_ones():
+    core, runner = make_core(num_blocks=6, budget=64, background_step_tokens=64)
+    bg = core.add_request(0, tok.encode("a" * 16), SamplingParams(max_tokens=4), background=True)
+    [(_, first)] = core.step()  # its prompt (four of the six blocks) and first token
+    (fg,) = core.add_request(1, tok.encode("b" * 12), SamplingParams(max_tokens=2))
+    core.step()
+    assert [c.seq_id for c in runner.batches[-1].chunks] == [fg]
+    assert core.stats().num_preemptions_total == 1
+    texts = run_to_end(core)
+    assert first.text + texts[bg[0]] == "bcde"  # recomputed, not lost
+
+
+def test_background_outputs_equal_the_same_requests_alone():
+    prompts = [tok.encode(p) for p in ("hello", "abcabcabcabc", "zz", "the quick brown")]
+    alone, _ = make_core()
+    for i, p in enumerate(prompts):
+        alone.add_request(i, p, SamplingParams(max_tokens=10))
+    want = run_to_end(alone)
+    core, _ = make_core(num_blocks=10, max_num_seqs=3, budget=8)
+    for i, p in enumerate(prompts):
+        core.add_request(i, p, SamplingParams(max_tokens=10), background=i % 2 == 0)
+    got = run_to_end(core)
+    assert core.stats().num_preemptions_total > 0
+    assert got == want
