@@ -67,6 +67,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON", help="publish KV-cache events for routers, as vLLM does, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' (docs/fleet.md)")
     g.add_argument("--api-key-budgets", type=_key_budgets, default={}, metavar="FILE", help='JSON of accepted keys with requests and tokens a minute each, e.g. {"keys": {"KEY": {"requests_per_minute": 60, "tokens_per_minute": 40000}}}; over budget is a 429 with Retry-After')
     g.add_argument("--response-store", default=None, metavar="PATH", help="keep stored Responses API responses in this SQLite file, so that GET and previous_response_id outlive a restart (default: in memory)")
+    g.add_argument("--batch-store", default=None, metavar="PATH", help="keep uploaded files and Batch API batches in this SQLite file, so that a restart resumes a batch with the lines it had not answered (default: in memory)")
+    g.add_argument("--batch-concurrency", type=positive_int, default=8, metavar="N", help="Batch API lines in the engine at once, each at background priority (default 8)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -90,6 +92,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         kv_events=args.kv_events_config,
         response_store=args.response_store,
         api_key_budgets=args.api_key_budgets,
+        batch_store=args.batch_store,
+        batch_concurrency=args.batch_concurrency,
     )
     try:
         engine = engine_config(args)

@@ -151,6 +151,10 @@ class ServerConfig:
     response_store: str | None = None
     # Keys with a budget (`--api-key-budgets`), accepted beside `api_keys`.
     api_key_budgets: Mapping[str, KeyBudget] = attrs.field(factory=dict)
+    # The SQLite file of uploaded files and batches (`--batch-store`); None: in memory.
+    batch_store: str | None = None
+    # Batch API lines in the engine at once (`--batch-concurrency`).
+    batch_concurrency: int = attrs.field(default=8, validator=_positive)
 
     @property
     def accepted_keys(self) -> tuple[str, ...]:

@@ -147,6 +147,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "joins the first step (0: step at once; default 0.05)",
     )
     group.add_argument(
+        "--background-step-tokens",
+        type=positive_int,
+        default=64,
+        metavar="N",
+        help="most tokens background work (Batch API lines) takes of one step; it never "
+        "shares a step with an interactive prompt, so an interactive request waits at most "
+        "one such step for its first token (default 64)",
+    )
+    group.add_argument(
         "--stream-interval",
         type=positive_int,
         default=1,
@@ -186,6 +195,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         steps_on_event_loop=args.steps_on_event_loop,
         event_loop_decode_max_seqs=args.event_loop_decode_max_seqs,
         burst_window=args.burst_window,
+        background_step_tokens=args.background_step_tokens,
     )
 
 

@@ -16,11 +16,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from sluiceway.api import errors, prompts
+from sluiceway.api.batch_runner import BatchRunner
+from sluiceway.api.batch_store import BatchStore
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
 from sluiceway.api.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
 from sluiceway.api.response_store import SqliteResponseStore
+from sluiceway.api.routes_batches import blueprint as batches_blueprint
 from sluiceway.api.routes_embeddings import blueprint as embeddings_blueprint
 from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
 from sluiceway.api.routes_generation import blueprint as generation_blueprint
@@ -205,10 +208,14 @@ def create_app(
     state.rate_limits = RateLimits(server_config.api_key_budgets)
     if server_config.response_store is not None:
         state.response_store = SqliteResponseStore(server_config.response_store)
+    state.batch_runner = BatchRunner(
+        state, BatchStore(server_config.batch_store or ":memory:"), server_config.batch_concurrency
+    )
     app.config["SLUICEWAY_STATE"] = state
     app.register_blueprint(generation_blueprint)
     app.register_blueprint(responses_blueprint)
     app.register_blueprint(embeddings_blueprint)
+    app.register_blueprint(batches_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
     _install_hooks(app, server_config, state)

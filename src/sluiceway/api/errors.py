@@ -54,14 +54,15 @@ def unauthorized() -> APIError:
     )
 
 
-def response_not_found(response_id: str) -> APIError:
+def not_found(kind: str, object_id: str, param: str) -> APIError:
+    """The 404 for an unknown id of a `kind` of object, naming `param`."""
     return APIError(
-        404,
-        f"No response found with id '{response_id}'.",
-        "invalid_request_error",
-        "response_id",
-        "not_found",
+        404, f"No {kind} found with id '{object_id}'.", "invalid_request_error", param, "not_found"
     )
+
+
+def response_not_found(response_id: str) -> APIError:
+    return not_found("response", response_id, "response_id")
 
 
 def model_not_found(name: str) -> APIError:

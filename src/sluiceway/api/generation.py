@@ -69,6 +69,8 @@ class RequestRun:
     error: str | None = None
     # The engine schedules the prompts of one request as one fair share.
     group: object = attrs.field(factory=object)
+    # A Batch API line: its choices yield to every other in the engine.
+    background: bool = False
 
     @property
     def timed_out(self) -> bool:
@@ -120,7 +122,9 @@ async def admit(
     for i, prompt in enumerate(run.prompts):
         try:
             got = await stack.enter_async_context(
-                state.engine.generate(prompt.token_ids, params, n=run.n, group=run.group)
+                state.engine.generate(
+                    prompt.token_ids, params, n=run.n, group=run.group, background=run.background
+                )
             )
         except QueueFullError:
             raise queue_full() from None

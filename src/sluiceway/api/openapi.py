@@ -36,6 +36,12 @@ _TYPES: tuple[Any, ...] = (
     protocol.ResponseDeleted,
     protocol.EmbeddingRequest,
     protocol.EmbeddingList,
+    protocol.FileObject,
+    protocol.FileList,
+    protocol.FileDeleted,
+    protocol.BatchCreateRequest,
+    protocol.Batch,
+    protocol.BatchList,
     protocol.ModelList,
     protocol.Model,
     protocol.ErrorObject,
@@ -44,7 +50,8 @@ _TYPES: tuple[Any, ...] = (
 _STATUS = {
     400: "Invalid request",
     401: "Missing or wrong API key",
-    404: "Unknown model (or response id)",
+    404: "Unknown model (or response, file or batch id)",
+    409: "The batch has finished and cannot be cancelled",
     413: "Request body too large",
     429: "Waiting queue full (see Retry-After)",
     503: "Draining or engine unhealthy",
@@ -133,12 +140,10 @@ def _paths() -> dict[str, Any]:
         "required": True,
         "schema": {"type": "string"},
     }
-    response_parameter = {
-        "name": "response_id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string"},
-    }
+    response_parameter, file_parameter, batch_parameter = (
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in ("response_id", "file_id", "batch_id")
+    )
     return {
         "/v1/chat/completions": _post(
             "Chat completion (single or batch of conversations)",
@@ -189,6 +194,74 @@ def _paths() -> dict[str, Any]:
             protocol.EmbeddingList,
             _GENERATION_ERRORS,
         ),
+        "/v1/files": {
+            "post": {
+                "summary": "Upload a JSONL file of requests for a batch (purpose 'batch')",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["file", "purpose"],
+                                "properties": {
+                                    "file": {"type": "string", "format": "binary"},
+                                    "purpose": {"type": "string", "enum": ["batch"]},
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": _ref(protocol.FileObject)}},
+                    }
+                }
+                | _errors(400, 401, 413),
+            }
+        }
+        | _get("The stored files", _ref(protocol.FileList), 401),
+        "/v1/files/{file_id}": _get(
+            "A stored file", _ref(protocol.FileObject), 401, 404, parameters=[file_parameter]
+        )
+        | {
+            "delete": _get(
+                "Delete a stored file",
+                _ref(protocol.FileDeleted),
+                401,
+                404,
+                parameters=[file_parameter],
+            )["get"]
+        },
+        "/v1/files/{file_id}/content": _get(
+            "A stored file's bytes (a batch's output: JSONL)",
+            {"type": "string", "format": "binary"},
+            401,
+            404,
+            content_type="application/octet-stream",
+            parameters=[file_parameter],
+        ),
+        "/v1/batches": _post(
+            "Run every line of an uploaded file, at background priority",
+            protocol.BatchCreateRequest,
+            protocol.Batch,
+            (400, 401, 404, 413, 503),
+        )
+        | _get("Batches, newest first", _ref(protocol.BatchList), 400, 401),
+        "/v1/batches/{batch_id}": _get(
+            "A batch and its progress", _ref(protocol.Batch), 401, 404, parameters=[batch_parameter]
+        ),
+        "/v1/batches/{batch_id}/cancel": {
+            "post": _get(
+                "Cancel a running batch",
+                _ref(protocol.Batch),
+                401,
+                404,
+                409,
+                parameters=[batch_parameter],
+            )["get"]
+        },
         "/v1/models": _get("List the served model", _ref(protocol.ModelList), 401),
         "/v1/models/{model}": _get(
             "The served model's card", _ref(protocol.Model), 401, 404, parameters=[model_parameter]

@@ -15,6 +15,7 @@ import math
 import struct
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import trio
 from quart import Blueprint, Response, request
@@ -44,16 +45,32 @@ async def create_embeddings() -> Response:
     state = current_state()
     started = trio.current_time()
     state.check_accepting()
+    data = await request.get_data(cache=False)
+    body = await _embeddings(state, data, started, background=False)
+    return json_response(body)
+
+
+async def embed_in_background(state: ServerState, data: bytes) -> dict[str, Any]:
+    """The answer to an embeddings body, its inputs at background priority: a Batch
+    API line. Raises `APIError` as the endpoint answers it; cancellation aborts it."""
+    started = trio.current_time()
+    state.check_accepting()
+    return await _embeddings(state, data, started, background=True)
+
+
+async def _embeddings(
+    state: ServerState, data: bytes | str, started: float, *, background: bool
+) -> dict[str, Any]:
     spec = state.engine.pooling
     if spec is None:
         raise errors.invalid_request(
             f"The model {state.model_name} is not served for embeddings here.", "model"
         )
-    data = await request.get_data(cache=False)
     req, ready = await prompts.prepare(state, len(data), partial(_inputs, state, spec, data))
-    take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), None, 0)
+    if not background:  # a batch line is not charged to the key of an HTTP request
+        take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), None, 0)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    pooled = await _embed(state, ready, started)
+    pooled = await _embed(state, ready, started, background)
     dimensions = req.dimensions or spec.hidden_size
     base64_floats = req.encoding_format == "base64"
     data_out = [
@@ -61,8 +78,7 @@ async def create_embeddings() -> Response:
         for i, vector in enumerate(pooled)
     ]
     tokens = sum(len(p.token_ids) for p in ready)
-    body = EmbeddingList(data_out, state.model_name, EmbeddingUsage(tokens, tokens))
-    return json_response(body.to_dict())
+    return EmbeddingList(data_out, state.model_name, EmbeddingUsage(tokens, tokens)).to_dict()
 
 
 def _inputs(
@@ -109,7 +125,7 @@ def _widths(spec: PoolingSpec) -> str:
 
 
 async def _embed(
-    state: ServerState, ready: Sequence[Prompt], started: float
+    state: ServerState, ready: Sequence[Prompt], started: float, background: bool
 ) -> list[tuple[float, ...]]:
     """Every input's pooled vector, in input order. Raises the `APIError` of the
     first input the engine refused or failed (429 queue full, 503), or of the
@@ -121,7 +137,7 @@ async def _embed(
 
     async def embed_one(index: int, prompt: Prompt, cancel: trio.CancelScope) -> None:
         try:
-            delta = await engine.embed(prompt.token_ids, group=group)
+            delta = await engine.embed(prompt.token_ids, group=group, background=background)
         except QueueFullError:
             failure.append(errors.queue_full())
         except EngineUnhealthyError:

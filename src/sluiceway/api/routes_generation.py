@@ -95,11 +95,11 @@ async def completions() -> Response:
     return await _generate(completion_prompts, CompletionShape, "prompt")
 
 
-async def _generate(
-    parse: Callable[[ServerState, bytes | str], tuple[R, list[Prompt]]],
-    shape: Callable[[R, fmt.TokenText], Shape],
-    param: str,
-) -> Response:
+Parse = Callable[[ServerState, bytes | str], tuple[R, list[Prompt]]]
+MakeShape = Callable[[R, fmt.TokenText], Shape]
+
+
+async def _generate(parse: Parse[R], shape: MakeShape[R], param: str) -> Response:
     """One generation request end to end: 503 while draining, the body parsed and
     tokenized (`parse`), lengths checked against `param`, the grammar compiled,
     then the response in `shape`."""
@@ -107,18 +107,57 @@ async def _generate(
     started = trio.current_time()
     state.check_accepting()
     data = await request.get_data(cache=False)
-    req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
-    prompts.check_lengths(state, ready, req.params.max_tokens, param)
-    take_tokens(
-        state.rate_limits,
-        sum(len(p.token_ids) for p in ready),
-        req.params.max_tokens,
-        len(ready) * req.n,
-    )
-    req = await with_grammar(state, req)
-    prompts.prepared()  # an idle engine need hold its first step for us no longer
+    req, ready = await _prepare(state, data, parse, param, charge=True)
     run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
     return await _respond(run, req, shape(req, state.token_text), param)
+
+
+async def _prepare(
+    state: ServerState, data: bytes | str, parse: Parse[R], param: str, *, charge: bool
+) -> tuple[R, list[Prompt]]:
+    """The body parsed and tokenized, lengths checked against `param`, the key's
+    budget charged (with `charge`: inside an HTTP request) and the grammar
+    compiled: ready for the engine. Raises `APIError`."""
+    req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
+    prompts.check_lengths(state, ready, req.params.max_tokens, param)
+    if charge:
+        take_tokens(
+            state.rate_limits,
+            sum(len(p.token_ids) for p in ready),
+            req.params.max_tokens,
+            len(ready) * req.n,
+        )
+    req = await with_grammar(state, req)
+    prompts.prepared()  # an idle engine need hold its first step for us no longer
+    return req, ready
+
+
+async def answer_in_background(state: ServerState, endpoint: str, data: bytes) -> dict[str, Any]:
+    """The whole (never streamed) response to a chat or completions body, generated
+    at background priority: a Batch API line. Raises `APIError` as the endpoint
+    answers it (a line may not ask to stream: 400); cancellation aborts it."""
+    started = trio.current_time()
+    state.check_accepting()
+    if endpoint == "/v1/chat/completions":
+        return await _answer(state, data, chat_prompts, ChatShape, "messages", started)
+    return await _answer(state, data, completion_prompts, CompletionShape, "prompt", started)
+
+
+async def _answer(
+    state: ServerState,
+    data: bytes,
+    parse: Parse[R],
+    shape: MakeShape[R],
+    param: str,
+    started: float,
+) -> dict[str, Any]:
+    req, ready = await _prepare(state, data, parse, param, charge=False)
+    if req.stream:
+        raise errors.invalid_request("A batch line cannot be streamed.", "stream")
+    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started, background=True)
+    made = shape(req, state.token_text)
+    request_id = f"{made.id_prefix}{uuid.uuid4().hex}"
+    return await _complete(run, req, made, param, request_id, int(time.time()))
 
 
 async def with_grammar(state: ServerState, req: R) -> R:

@@ -142,6 +142,8 @@ async def serve_async(
         await engine_nursery.start(engine.run)
         async with trio.open_nursery() as http:
             state.background_nursery = http  # background responses run here
+            if state.batch_runner is not None:
+                await http.start(state.batch_runner.run)
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 await hypercorn_serve(

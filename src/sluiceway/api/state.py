@@ -6,7 +6,7 @@ import math
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -21,6 +21,9 @@ from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_config import KVEventSource
 from sluiceway.grammar.compiler import GrammarCompiler
+
+if TYPE_CHECKING:
+    from sluiceway.api.batch_runner import BatchRunner
 
 
 @attrs.frozen(eq=False)
@@ -72,6 +75,8 @@ class ServerState:
     # Per-key budgets (`--api-key-budgets`); none by default.
     rate_limits: RateLimits = attrs.field(factory=lambda: RateLimits({}))
     background_runs: dict[str, BackgroundRun] = attrs.field(factory=dict)
+    # Runs Batch API batches (set by `create_app`; `serve_async` starts its task).
+    batch_runner: BatchRunner | None = None
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:

@@ -14,6 +14,14 @@ Light on purpose: this package imports only attrs, msgspec (for the range
 annotations) and the standard library.
 """
 
+from sluiceway.protocol.batches import (
+    Batch,
+    BatchCreateRequest,
+    BatchList,
+    FileDeleted,
+    FileList,
+    FileObject,
+)
 from sluiceway.protocol.chat import (
     ChatCompletion,
     ChatCompletionChoice,
@@ -67,6 +75,9 @@ from sluiceway.protocol.tools import (
 from sluiceway.protocol.usage import PromptTokensDetails, Usage
 
 __all__ = [
+    "Batch",
+    "BatchCreateRequest",
+    "BatchList",
     "ChatCompletion",
     "ChatCompletionChoice",
     "ChatCompletionChunk",
@@ -91,6 +102,9 @@ __all__ = [
     "EmbeddingRequest",
     "EmbeddingUsage",
     "ErrorObject",
+    "FileDeleted",
+    "FileList",
+    "FileObject",
     "FunctionCall",
     "FunctionCallItem",
     "FunctionDefinition",

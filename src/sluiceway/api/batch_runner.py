@@ -1,0 +1,184 @@
+"""Runs batches: one batch at a time, `concurrency` of its lines at once, each
+line through the same code as its endpoint's HTTP requests but at background
+priority in the engine (`Sequence.background`), so interactive requests go
+first. A line's result is stored as soon as it has one (`BatchStore`).
+
+A line the server cannot take now (draining, engine unhealthy: a 503) stays
+pending, and so does its batch: a restart on the same `--batch-store` file
+resumes it with the lines that have no result. A full queue (429) is waited
+out. Every other answer, success or error, is the line's result. Cancelling a
+batch aborts its lines in flight; the lines done by then make its output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import attrs
+import trio
+
+from sluiceway.api.batch_store import BatchLine, BatchStore
+from sluiceway.api.errors import APIError
+from sluiceway.api.routes_embeddings import embed_in_background
+from sluiceway.api.routes_generation import answer_in_background
+from sluiceway.api.state import ServerState
+from sluiceway.protocol.batches import Batch
+
+log = logging.getLogger(__name__)
+
+Answer = Callable[[ServerState, str, bytes], Awaitable[dict[str, Any]]]
+
+# How long a line refused for a full queue waits before it asks again.
+_QUEUE_FULL_WAIT = 0.05
+
+
+async def _answer(state: ServerState, endpoint: str, data: bytes) -> dict[str, Any]:
+    if endpoint == "/v1/embeddings":
+        return await embed_in_background(state, data)
+    return await answer_in_background(state, endpoint, data)
+
+
+class _Unavailable(Exception):
+    """The server takes no work now (draining or failed): the line stays pending."""
+
+
+class BatchRunner:
+    """Owns the running of every batch of one `BatchStore`; `run` is its task."""
+
+    def __init__(
+        self, state: ServerState, store: BatchStore, concurrency: int, answer: Answer = _answer
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.concurrency = concurrency
+        self._answer = answer
+        self._send, self._queue = trio.open_memory_channel[str](float("inf"))
+        self._running: dict[str, trio.CancelScope] = {}
+        self.idle = trio.Event()  # set while no batch is queued or running (tests)
+        self._queued = 0
+
+    def submit(self, batch_id: str) -> None:
+        """Queue a stored batch to run (after those queued before it)."""
+        self._queued += 1
+        self.idle = trio.Event() if self.idle.is_set() else self.idle
+        self._send.send_nowait(batch_id)
+
+    def cancel(self, batch: Batch) -> Batch:
+        """Mark `batch` cancelling and abort its lines in flight; it becomes
+        cancelled once they have left the engine."""
+        now = int(time.time())
+        batch = attrs.evolve(batch, status="cancelling", cancelling_at=now)
+        self.store.put_batch(batch)
+        scope = self._running.get(batch.id)
+        if scope is not None:
+            scope.cancel()
+        return batch
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Resume the batches a previous process left unfinished, then run batches
+        as they are submitted, until cancelled (a batch in flight then keeps its
+        pending lines for the next process)."""
+        for batch_id in self.store.unfinished():
+            self.submit(batch_id)
+        if not self._queued:
+            self.idle.set()
+        task_status.started()
+        async for batch_id in self._queue:
+            try:
+                await self._run_batch(batch_id)
+            finally:
+                self._queued -= 1
+                if not self._queued:
+                    self.idle.set()
+
+    async def _run_batch(self, batch_id: str) -> None:
+        batch = self.store.batch(batch_id)
+        if batch is None:
+            return
+        if batch.status == "validating":
+            batch = attrs.evolve(batch, status="in_progress", in_progress_at=int(time.time()))
+            self.store.put_batch(batch)
+        if batch.status == "in_progress":
+            scope = self._running[batch_id] = trio.CancelScope()
+            answered = False
+            try:
+                with scope:
+                    answered = await self._run_lines(batch)
+            finally:
+                del self._running[batch_id]
+            if not answered and not scope.cancelled_caught:
+                log.info("batch %s paused: the server takes no work now", batch_id)
+                return
+        self._close(batch_id)
+
+    def _close(self, batch_id: str) -> None:
+        batch = self.store.batch(batch_id)
+        assert batch is not None
+        now = int(time.time())
+        if batch.status == "cancelling":
+            batch = attrs.evolve(batch, status="cancelled", cancelled_at=now)
+        else:
+            batch = attrs.evolve(batch, status="completed", finalizing_at=now, completed_at=now)
+        self.store.close_batch(batch, batch_id)
+
+    async def _run_lines(self, batch: Batch) -> bool:
+        """Answer every pending line, `concurrency` at once; False (the lines in
+        flight aborted, and pending) once the server takes no work now."""
+        lines = iter(self.store.pending_lines(batch.id))
+        unavailable: list[_Unavailable] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.concurrency):
+                nursery.start_soon(self._work_through, batch, lines, unavailable, nursery.cancel_scope)
+        return not unavailable
+
+    async def _work_through(
+        self,
+        batch: Batch,
+        lines: Iterator[BatchLine],
+        unavailable: list[_Unavailable],
+        stop: trio.CancelScope,
+    ) -> None:
+        for line in lines:  # shared by the workers: each line goes to one of them
+            try:
+                status_code, body = await self._run_line(batch, line)
+            except _Unavailable as exc:
+                unavailable.append(exc)
+                stop.cancel()
+                return
+            result = {
+                "id": f"batch_req_{uuid.uuid4().hex}",
+                "custom_id": line.custom_id,
+                "response": {
+                    "status_code": status_code,
+                    "request_id": uuid.uuid4().hex,
+                    "body": body,
+                },
+                "error": None,
+            }
+            self.store.finish_line(
+                batch.id, line.line, "completed" if status_code == 200 else "failed", json.dumps(result)
+            )
+
+    async def _run_line(self, batch: Batch, line: BatchLine) -> tuple[int, dict[str, Any]]:
+        data = line.body.encode("utf-8")
+        while True:
+            try:
+                return 200, await self._answer(self.state, batch.endpoint, data)
+            except APIError as exc:
+                if exc.status == 429:
+                    await trio.sleep(_QUEUE_FULL_WAIT)
+                    continue
+                if exc.status == 503:
+                    raise _Unavailable() from None
+                return exc.status, exc.body()
+            except Exception:
+                # A bug of ours: the line gets the 500 an HTTP request would.
+                log.exception("batch %s line %d failed", batch.id, line.line)
+                return 500, APIError(
+                    500, "Internal server error.", "internal_server_error", None, None
+                ).body()
