@@ -72,7 +72,7 @@ class EngineConfig:
     steps_on_event_loop: bool = False
     event_loop_decode_max_seqs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     burst_window: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
-    background_step_tokens: int = attrs.field(default=64, validator=_positive)
+    background_step_tokens: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.steps_on_event_loop and self.step_timeout is not None:

@@ -149,11 +149,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--background-step-tokens",
         type=positive_int,
-        default=64,
+        default=1,
         metavar="N",
         help="most tokens background work (Batch API lines) takes of one step; it never "
         "shares a step with an interactive prompt, so an interactive request waits at most "
-        "one such step for its first token (default 64)",
+        "one such step for its first token. On a CPU a step's time grows with its rows, and "
+        "1 keeps interactive TTFT within 20%% of an idle server's (docs/benchmarks.md); more "
+        "runs batches faster (default 1)",
     )
     group.add_argument(
         "--stream-interval",

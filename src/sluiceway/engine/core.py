@@ -67,7 +67,7 @@ class EngineCore:
         max_model_len: int,
         enable_prefix_caching: bool = True,
         mask_filler: MaskFiller | None = None,
-        background_step_tokens: int = 64,
+        background_step_tokens: int = 1,
     ) -> None:
         """`mask_filler` fills the next-token masks of constrained choices (default:
         llguidance's, loaded when a request first has a grammar)."""

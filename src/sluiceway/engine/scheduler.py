@@ -62,7 +62,7 @@ class Scheduler:
     blocks: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
-    background_step_tokens: int = 64
+    background_step_tokens: int = 1
     waiting: deque[Sequence] = attrs.field(factory=deque)
     running: list[Sequence] = attrs.field(factory=list)
     num_preemptions: int = 0
