@@ -233,13 +233,64 @@ async def test_cancelling_a_background_response_frees_the_engine(
         assert (await client.get(url)).json()["status"] == "cancelled"
 
 
-async def test_background_needs_store_and_no_stream_and_cancel_needs_background(
+async def test_a_streamed_background_response_outlives_its_reader_and_streams_again(
+    start_server: Any, runner: ScriptedRunner
+) -> None:
+    runner.gated = True
+    async with start_server() as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as oai:
+
+            def first_events() -> list[Any]:
+                events = []
+                with oai.responses.create(
+                    model=MODEL, input="hi", max_output_tokens=6, background=True, stream=True
+                ) as stream:
+                    for event in stream:
+                        events.append(event)
+                        if event.type == "response.output_text.delta":
+                            break  # the reader leaves; the response must not
+                return events
+
+            runner.allow(2)  # the prompt and the first token
+            first = await in_thread(first_events)
+            response_id = first[0].response.id
+            assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
+            assert first[0].response.status == "queued" and first[0].response.background
+            runner.open()
+            running = server.state.background_runs.get(response_id)
+            with trio.fail_after(20):
+                if running is not None:
+                    await running.done.wait()
+            again = await in_thread(
+                lambda: list(
+                    oai.responses.retrieve(
+                        response_id, stream=True, starting_after=first[-1].sequence_number
+                    )
+                )
+            )
+            everything = await in_thread(
+                lambda: list(oai.responses.retrieve(response_id, stream=True))
+            )
+            stored = await in_thread(lambda: oai.responses.retrieve(response_id))
+    assert again[0].sequence_number == first[-1].sequence_number + 1
+    assert [e.sequence_number for e in everything] == list(range(len(everything)))
+    assert [e.model_dump() for e in everything] == [e.model_dump() for e in first + again]
+    assert again[-1].type == "response.incomplete"  # cut by max_output_tokens, not by the reader
+    deltas = "".join(e.delta for e in everything if e.type == "response.output_text.delta")
+    assert stored.output_text == deltas and stored.usage is not None
+    assert stored.usage.output_tokens == 6
+
+
+async def test_background_needs_store_and_cancel_needs_background(
     client: httpx.AsyncClient,
 ) -> None:
-    for extra in ({"store": False}, {"stream": True}):
-        body = {"model": MODEL, "input": "hi", "background": True, **extra}
-        r = await client.post("/v1/responses", json=body)
-        assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+    body = {"model": MODEL, "input": "hi", "background": True, "store": False}
+    r = await client.post("/v1/responses", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+    # Only a response created streamed in the background streams again.
+    plain = (await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})).json()
+    r = await client.get(f"/v1/responses/{plain['id']}", params={"stream": "true"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     plain = (
         await client.post(
             "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}

@@ -273,3 +273,42 @@ def test_openai_and_langchain_embeddings(oai: openai.OpenAI, server_url: str) ->
     for vector, item in zip(vectors, batch.data, strict=True):
         assert vector == pytest.approx(item.embedding, abs=1e-4)
     assert langchain.embed_query(texts[2]) == pytest.approx(batch.data[2].embedding, abs=1e-4)
+
+
+def test_openai_batch_of_chat_lines(oai: openai.OpenAI) -> None:
+    import time
+
+    questions = ["Name a fruit.", "Name a color.", "Name an animal."]
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": q}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+        }
+        for i, q in enumerate(questions)
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    upload = oai.files.create(file=("questions.jsonl", content), purpose="batch")
+    batch = oai.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled"):  # as its users poll
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.1)
+        batch = oai.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3
+    assert batch.output_file_id is not None and batch.error_file_id is None
+    rows = [json.loads(line) for line in oai.files.content(batch.output_file_id).text.splitlines()]
+    assert [r["custom_id"] for r in rows] == ["q0", "q1", "q2"]
+    for row in rows:
+        completion = openai.types.chat.ChatCompletion.model_validate(row["response"]["body"])
+        assert row["response"]["status_code"] == 200
+        assert completion.choices[0].message.content
+        assert 0 < completion.usage.completion_tokens <= 8  # type: ignore[union-attr]

@@ -28,13 +28,13 @@ def read_lines(content: bytes, endpoint: str) -> tuple[list[BatchLine], list[Bat
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        error = _check(raw, number, endpoint, seen)
-        if isinstance(error, BatchError):
-            errors.append(error)
+        checked = _check(raw, number, endpoint, seen)
+        if isinstance(checked, BatchError):
+            errors.append(checked)
             if len(errors) >= 100:  # enough to show what is wrong
                 break
             continue
-        custom_id, body = error
+        custom_id, body = checked
         seen.add(custom_id)
         lines.append(BatchLine(len(lines), custom_id, json.dumps(body)))
     if not lines and not errors:

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -30,8 +30,6 @@ from sluiceway.api.state import ServerState
 from sluiceway.protocol.batches import Batch
 
 log = logging.getLogger(__name__)
-
-Answer = Callable[[ServerState, str, bytes], Awaitable[dict[str, Any]]]
 
 # How long a line refused for a full queue waits before it asks again.
 _QUEUE_FULL_WAIT = 0.05
@@ -50,13 +48,10 @@ class _Unavailable(Exception):
 class BatchRunner:
     """Owns the running of every batch of one `BatchStore`; `run` is its task."""
 
-    def __init__(
-        self, state: ServerState, store: BatchStore, concurrency: int, answer: Answer = _answer
-    ) -> None:
+    def __init__(self, state: ServerState, store: BatchStore, concurrency: int) -> None:
         self.state = state
         self.store = store
         self.concurrency = concurrency
-        self._answer = answer
         self._send, self._queue = trio.open_memory_channel[str](float("inf"))
         self._running: dict[str, trio.CancelScope] = {}
         self.idle = trio.Event()  # set while no batch is queued or running (tests)
@@ -168,7 +163,7 @@ class BatchRunner:
         data = line.body.encode("utf-8")
         while True:
             try:
-                return 200, await self._answer(self.state, batch.endpoint, data)
+                return 200, await _answer(self.state, batch.endpoint, data)
             except APIError as exc:
                 if exc.status == 429:
                     await trio.sleep(_QUEUE_FULL_WAIT)

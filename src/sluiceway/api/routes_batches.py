@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import attrs
 import trio
 from quart import Blueprint, Response, request
 
@@ -24,7 +25,6 @@ from sluiceway.protocol.batches import (
     BATCH_ENDPOINTS,
     Batch,
     BatchCreateRequest,
-    BatchError,
     BatchErrors,
     BatchList,
     FileDeleted,
@@ -138,7 +138,7 @@ async def create_batch() -> Response:
         metadata=req.metadata,
     )
     if problems:
-        batch = _refused(batch, problems, now)
+        batch = attrs.evolve(batch, status="failed", failed_at=now, errors=BatchErrors(problems))
         lines = []
     runner.store.add_batch(batch, lines)
     if not problems:
@@ -146,20 +146,6 @@ async def create_batch() -> Response:
     stored = runner.store.batch(batch.id)
     assert stored is not None
     return json_response(stored.to_dict())
-
-
-def _refused(batch: Batch, problems: list[BatchError], now: int) -> Batch:
-    return Batch(
-        id=batch.id,
-        endpoint=batch.endpoint,
-        input_file_id=batch.input_file_id,
-        completion_window=batch.completion_window,
-        status="failed",
-        created_at=batch.created_at,
-        failed_at=now,
-        errors=BatchErrors(problems),
-        metadata=batch.metadata,
-    )
 
 
 @blueprint.get("/v1/batches")

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import attrs
@@ -50,6 +51,9 @@ from sluiceway.transport.connection import connection_send
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
 
+# Streamed background responses whose events are kept once they have ended.
+_ENDED_STREAMS_KEPT = 128
+
 
 @attrs.frozen
 class _Prepared:
@@ -69,10 +73,8 @@ async def create_response() -> Response:
     req = await prompts.prepare(
         state, len(data), lambda: prompts.parse_body(data, protocol.ResponseCreateRequest)
     )
-    if req.background and (req.stream or req.store is False or state.background_nursery is None):
-        raise errors.invalid_request(
-            "A background response must be stored and not streamed.", "background"
-        )
+    if req.background and (req.store is False or state.background_nursery is None):
+        raise errors.invalid_request("A background response must be stored.", "background")
     history: tuple[dict[str, Any], ...] = ()
     if req.previous_response_id is not None:
         stored = state.response_store.get(req.previous_response_id)
@@ -90,7 +92,10 @@ async def create_response() -> Response:
     generation = _Generation(run, prepared)
     access_log.note_generation(generation.response.id, run)
     if req.background:
-        return json_response(generation.start_in_background().to_dict())
+        queued, running = generation.start_in_background(streamed=bool(req.stream))
+        if req.stream:
+            return await stream_response(partial(_follow, running, -1))
+        return json_response(queued.to_dict())
     if not req.stream:
         return json_response((await generation.complete()).to_dict())
     return await stream_response(generation.stream)
@@ -98,10 +103,43 @@ async def create_response() -> Response:
 
 @blueprint.get("/v1/responses/<response_id>")
 async def get_response(response_id: str) -> Response:
-    stored = current_state().response_store.get(response_id)
+    """The stored response; with `stream=true`, the events of a background response
+    created streamed, from the one after `starting_after` (a sequence number),
+    following it live while it runs."""
+    state = current_state()
+    stored = state.response_store.get(response_id)
     if stored is None:
         raise errors.response_not_found(response_id)
-    return json_response(stored.response.to_dict())
+    if request.args.get("stream") != "true":
+        return json_response(stored.response.to_dict())
+    running = state.background_runs.get(response_id) or state.ended_streams.get(response_id)
+    if running is None or running.events is None:
+        raise errors.invalid_request(
+            "Only a background response created with stream: true can be streamed, "
+            "while this server keeps its events.",
+            "stream",
+        )
+    try:
+        after = int(request.args.get("starting_after", "-1"))
+    except ValueError:
+        raise errors.invalid_request("starting_after must be a sequence number.", "starting_after") from None
+    return await stream_response(partial(_follow, running, after))
+
+
+async def _follow(
+    running: BackgroundRun, after: int, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Streams a background response's events after `after` to the current client
+    until the last; the client leaving ends only this reading, never the response."""
+    out = StreamOutput(ChunkSocket.of(connection_send()))
+    task_status.started(out)
+    try:
+        async for event in running.follow(after):
+            out.put(sse.named_event(event["type"], event))
+    except* (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client is gone; the response runs on
+    finally:
+        out.close()
 
 
 @blueprint.post("/v1/responses/<response_id>/cancel")
@@ -211,36 +249,49 @@ class _Generation:
             raise failure
         return self._finished(None)
 
-    def start_in_background(self) -> protocol.Response:
+    def start_in_background(
+        self, *, streamed: bool = False
+    ) -> tuple[protocol.Response, BackgroundRun]:
         """Stores the response as queued and starts its generation in the server's
-        background nursery; `POST /v1/responses/{id}/cancel` cancels it there."""
+        background nursery; `POST /v1/responses/{id}/cancel` cancels it there.
+        Returns the queued response and its run, whose events, when `streamed`,
+        its readers follow (a reader leaving never stops it)."""
         state = self.run.state
         assert state.background_nursery is not None
         queued = attrs.evolve(self.response, status="queued", background=True)
         self.response = attrs.evolve(queued, status="in_progress")
         state.response_store.put(StoredResponse(queued, ()))
-        running = state.background_runs[queued.id] = BackgroundRun()
+        running = state.background_runs[queued.id] = BackgroundRun(events=[] if streamed else None)
+        if streamed:
+            self.output = ResponseOutput(running.add_event)
+            self.output.start(queued)
         state.background_nursery.start_soon(self._run_in_background, running)
-        return queued
+        return queued, running
 
     async def _run_in_background(self, running: BackgroundRun) -> None:
         state = self.run.state
         try:
             with running.scope:
                 try:
-                    await self.complete()
+                    self.output.finish(await self.complete())
                 except APIError as exc:
-                    self._store_ended("failed", ResponseError(exc.code or exc.type, exc.message))
+                    error = ResponseError(exc.code or exc.type, exc.message)
+                    self.output.finish(self._store_ended("failed", error))
             if running.scope.cancelled_caught:
                 self._store_ended("cancelled", None)
         finally:
             del state.background_runs[self.response.id]
-            running.done.set()
+            running.end()
+            if running.events is not None:
+                state.ended_streams[self.response.id] = running
+                while len(state.ended_streams) > _ENDED_STREAMS_KEPT:
+                    state.ended_streams.popitem(last=False)
 
-    def _store_ended(self, status: str, error: ResponseError | None) -> None:
+    def _store_ended(self, status: str, error: ResponseError | None) -> protocol.Response:
         """Stores the response ended without its output (failed or cancelled)."""
         ended = attrs.evolve(self.response, status=status, error=error, output=self.output.close())
         self.run.state.response_store.put(StoredResponse(ended, ()))
+        return ended
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit, then stream the events. Reports an admission failure through

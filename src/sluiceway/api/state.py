@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +27,41 @@ if TYPE_CHECKING:
     from sluiceway.api.batch_runner import BatchRunner
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class BackgroundRun:
     """A background response still running: `scope` cancels it, `done` is set once
-    it has left the engine and stored its final state."""
+    it has left the engine and stored its final state. `events` is its stream
+    events so far when it was created streamed (None: it was not), which any
+    number of readers `follow`."""
 
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
+    events: list[dict[str, Any]] | None = None
+    _news: trio.Event = attrs.field(factory=trio.Event)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        assert self.events is not None
+        self.events.append(event)
+        self._news.set()
+        self._news = trio.Event()
+
+    def end(self) -> None:
+        """No event follows (its readers finish)."""
+        self.done.set()
+        self._news.set()
+
+    async def follow(self, after: int) -> AsyncIterator[dict[str, Any]]:
+        """The events whose `sequence_number` is above `after`, as they come, until
+        the last. Cancellation ends the reading only."""
+        assert self.events is not None
+        index = after + 1
+        while True:
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.done.is_set():
+                return
+            await self._news.wait()
 
 
 @attrs.define(eq=False)
@@ -75,6 +104,9 @@ class ServerState:
     # Per-key budgets (`--api-key-budgets`); none by default.
     rate_limits: RateLimits = attrs.field(factory=lambda: RateLimits({}))
     background_runs: dict[str, BackgroundRun] = attrs.field(factory=dict)
+    # The streamed background responses that have ended, latest last, so that a
+    # reader may still follow their events (`GET ...?stream=true`); bounded.
+    ended_streams: OrderedDict[str, BackgroundRun] = attrs.field(factory=OrderedDict)
     # Runs Batch API batches (set by `create_app`; `serve_async` starts its task).
     batch_runner: BatchRunner | None = None
 
