@@ -132,13 +132,22 @@ def summary(name: str, times: list[float], idle: float | None, lines: int | None
 
 async def upload_batch(control: httpx.AsyncClient, lines: int) -> str:
     content = "".join(
-        json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/chat/completions", "body": line_body(i)})
+        json.dumps(
+            {
+                "custom_id": str(i),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": line_body(i),
+            }
+        )
         + "\n"
         for i in range(lines)
     )
     upload = (
         await control.post(
-            "/v1/files", files={"file": ("batch.jsonl", content.encode())}, data={"purpose": "batch"}
+            "/v1/files",
+            files={"file": ("batch.jsonl", content.encode())},
+            data={"purpose": "batch"},
         )
     ).json()
     batch = (
@@ -195,7 +204,9 @@ async def main(args: argparse.Namespace) -> None:
             print(summary("  batch", batch_times, idle, during), flush=True)
             idle_all += idle_times
             batch_all += batch_times
-        print(f"median batch/idle ratio over {args.rounds} rounds: x{statistics.median(ratios):.2f}")
+        print(
+            f"median batch/idle ratio over {args.rounds} rounds: x{statistics.median(ratios):.2f}"
+        )
         print(summary("all idle", idle_all, None, None))
         print(summary("all batch", batch_all, statistics.median(idle_all), None), flush=True)
 
@@ -219,7 +230,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=2)
     parser.add_argument("--requests", type=int, default=20, help="per user and phase")
-    parser.add_argument("--pause", type=float, default=0.2, help="seconds between a user's requests")
+    parser.add_argument(
+        "--pause", type=float, default=0.2, help="seconds between a user's requests"
+    )
     parser.add_argument("--batch-lines", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-concurrency", type=int, default=8)

@@ -126,7 +126,7 @@ def _start_ranks(
 
     loaded.module = None  # each rank loads its own slice; free this copy first
     try:
-        return start_ranks(model, engine, loaded.hf_config, device)
+        return start_ranks(model, engine, loaded.hf_config, device, loaded.pooling)
     except TensorParallelError as exc:
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
 

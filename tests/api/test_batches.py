@@ -24,7 +24,11 @@ C = "/v1/chat/completions"
 
 
 def chat_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4} | body
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+    } | body
     return {"custom_id": custom_id, "method": "POST", "url": C, "body": body}
 
 
@@ -73,9 +77,7 @@ async def test_a_batch_answers_every_line_as_the_endpoint_would(start_server: An
             output = await in_thread(lambda: results(oai, done.output_file_id))
             failed = await in_thread(lambda: results(oai, done.error_file_id))
             alone = [
-                await in_thread(
-                    lambda body=line["body"]: oai.chat.completions.create(**body)
-                )
+                await in_thread(lambda body=line["body"]: oai.chat.completions.create(**body))
                 for line in lines[:6]
             ]
             listed = await in_thread(lambda: oai.batches.list(limit=5))
@@ -113,7 +115,9 @@ async def test_embedding_lines_run_in_a_batch(serve_runner: Any, tokenizer: Any)
             done = await in_thread(lambda: oai.batches.retrieve(batch.id))
             output = await in_thread(lambda: results(oai, done.output_file_id))
             direct = await in_thread(
-                lambda: oai.embeddings.create(input="two words", model=MODEL, encoding_format="float")
+                lambda: oai.embeddings.create(
+                    input="two words", model=MODEL, encoding_format="float"
+                )
             )
     assert done.request_counts.completed == 3 and done.error_file_id is None
     assert output["1"]["body"]["data"][0]["embedding"] == direct.data[0].embedding
@@ -122,7 +126,11 @@ async def test_embedding_lines_run_in_a_batch(serve_runner: Any, tokenizer: Any)
 @pytest.mark.parametrize(
     ("content", "code", "line"),
     [
-        (b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\nnot json\n', "invalid_json", 2),
+        (
+            b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\nnot json\n',
+            "invalid_json",
+            2,
+        ),
         (jsonl([chat_line("a", "x"), chat_line("a", "y")]), "duplicate_custom_id", 2),
         (jsonl([chat_line("a", "x") | {"url": "/v1/completions"}]), "mismatched_url", 1),
         (jsonl([chat_line("a", "x") | {"method": "GET"}]), "invalid_method", 1),
@@ -137,7 +145,9 @@ async def test_a_bad_input_file_fails_the_batch_naming_the_line(
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=content, purpose="batch"))
             batch = await in_thread(
-                lambda: oai.batches.create(input_file_id=upload.id, endpoint=C, completion_window="24h")
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
             )
     assert batch.status == "failed" and batch.failed_at is not None
     assert batch.errors is not None
@@ -149,18 +159,35 @@ async def test_bad_requests_to_the_files_and_batch_apis(start_server: Any) -> No
         start_server() as server,
         httpx.AsyncClient(base_url=server.url, timeout=30) as client,
     ):
-        r = await client.post("/v1/files", files={"file": ("a.jsonl", b"{}")}, data={"purpose": "fine-tune"})
+        r = await client.post(
+            "/v1/files", files={"file": ("a.jsonl", b"{}")}, data={"purpose": "fine-tune"}
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
         r = await client.post("/v1/files", data={"purpose": "batch"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "file"
-        for path in ("/v1/files/file-nope", "/v1/files/file-nope/content", "/v1/batches/batch_nope"):
+        for path in (
+            "/v1/files/file-nope",
+            "/v1/files/file-nope/content",
+            "/v1/batches/batch_nope",
+        ):
             r = await client.get(path)
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
-        r = await client.post("/v1/batches", json={"input_file_id": "file-nope", "endpoint": C, "completion_window": "24h"})
+        r = await client.post(
+            "/v1/batches",
+            json={"input_file_id": "file-nope", "endpoint": C, "completion_window": "24h"},
+        )
         assert r.status_code == 404 and r.json()["error"]["param"] == "input_file_id"
-        uploaded = (await client.post("/v1/files", files={"file": ("a.jsonl", jsonl([chat_line("a", "x")]))}, data={"purpose": "batch"})).json()
+        uploaded = (
+            await client.post(
+                "/v1/files",
+                files={"file": ("a.jsonl", jsonl([chat_line("a", "x")]))},
+                data={"purpose": "batch"},
+            )
+        ).json()
         for field, value in (("endpoint", "/v1/responses"), ("completion_window", "1h")):
-            body = {"input_file_id": uploaded["id"], "endpoint": C, "completion_window": "24h"} | {field: value}
+            body = {"input_file_id": uploaded["id"], "endpoint": C, "completion_window": "24h"} | {
+                field: value
+            }
             r = await client.post("/v1/batches", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == field
         r = await client.post("/v1/batches", json={"endpoint": C})
@@ -168,7 +195,12 @@ async def test_bad_requests_to_the_files_and_batch_apis(start_server: Any) -> No
         r = await client.get("/v1/batches", params={"limit": 0})
         assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
         # A finished batch cannot be cancelled; a deleted file is gone.
-        batch = (await client.post("/v1/batches", json={"input_file_id": uploaded["id"], "endpoint": C, "completion_window": "24h"})).json()
+        batch = (
+            await client.post(
+                "/v1/batches",
+                json={"input_file_id": uploaded["id"], "endpoint": C, "completion_window": "24h"},
+            )
+        ).json()
         await batch_done(server)
         r = await client.post(f"/v1/batches/{batch['id']}/cancel")
         assert r.status_code == 409
@@ -178,14 +210,18 @@ async def test_bad_requests_to_the_files_and_batch_apis(start_server: Any) -> No
         assert [f["purpose"] for f in listed] == ["batch_output"]
 
 
-async def test_a_cancel_aborts_the_lines_in_flight(start_server: Any, runner: ScriptedRunner) -> None:
+async def test_a_cancel_aborts_the_lines_in_flight(
+    start_server: Any, runner: ScriptedRunner
+) -> None:
     runner.gated = True
     lines = [chat_line(f"line-{i}", f"question {i}", max_tokens=50) for i in range(10)]
     async with start_server(batch_concurrency=2) as server:
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
-                lambda: oai.batches.create(input_file_id=upload.id, endpoint=C, completion_window="24h")
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
             )
             runner.allow(3)  # the two first lines are in the engine, mid-generation
             engine = server.state.engine
@@ -228,7 +264,9 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
-                lambda: oai.batches.create(input_file_id=upload.id, endpoint=C, completion_window="24h")
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
             )
         # Lines one at a time, four steps each (the prompt, then three tokens):
         # three lines and part of the fourth, then the server stops.

@@ -40,7 +40,9 @@ def background_tokens(batch, ids):
 
 def test_background_prompts_take_at_most_their_share_of_a_step():
     core, runner = make_core(budget=32, background_step_tokens=6)
-    ids = set(core.add_request(0, tok.encode("a" * 20), SamplingParams(max_tokens=2), background=True))
+    ids = set(
+        core.add_request(0, tok.encode("a" * 20), SamplingParams(max_tokens=2), background=True)
+    )
     run_to_end(core)
     assert [b.num_tokens for b in runner.batches] == [6, 6, 6, 2, 1]
     assert all(background_tokens(b, ids) <= 6 for b in runner.batches)
@@ -48,7 +50,9 @@ def test_background_prompts_take_at_most_their_share_of_a_step():
 
 def test_a_foreground_prompt_runs_alone_and_background_work_resumes_after_it():
     core, runner = make_core(budget=32, background_step_tokens=6)
-    bg = set(core.add_request(0, tok.encode("a" * 12), SamplingParams(max_tokens=8), background=True))
+    bg = set(
+        core.add_request(0, tok.encode("a" * 12), SamplingParams(max_tokens=8), background=True)
+    )
     core.step()  # the background prompt's first chunk
     fg = set(core.add_request(1, tok.encode("b" * 10), SamplingParams(max_tokens=3)))
     core.step()

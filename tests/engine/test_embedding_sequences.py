@@ -16,7 +16,9 @@ tok = ByteTokenizer()
 
 
 def make_core(pooling="mean", num_blocks=64, budget=4, max_num_seqs=8):
-    runner = PoolingScriptedRunner(num_blocks=num_blocks, block_size=4, pooling=PoolingSpec(pooling, 3))
+    runner = PoolingScriptedRunner(
+        num_blocks=num_blocks, block_size=4, pooling=PoolingSpec(pooling, 3)
+    )
     core = EngineCore(
         runner,
         tok.decode,
@@ -101,7 +103,9 @@ def test_a_preempted_mean_embedding_starts_its_sum_again():
     # Six blocks of four: the generation outgrows what is left while the
     # embedding is between chunks, and the embedding, admitted last, is preempted.
     core, runner = make_core("mean", num_blocks=6, budget=8)
-    (gen,) = core.add_request(0, tok.encode("abcdefgh"), SamplingParams(max_tokens=12, ignore_eos=True))
+    (gen,) = core.add_request(
+        0, tok.encode("abcdefgh"), SamplingParams(max_tokens=12, ignore_eos=True)
+    )
     prompt = tok.encode("ABCDEFGHIJKLMNOP")
     (emb,) = core.add_request(1, prompt, SamplingParams(max_tokens=1), pooling="mean")
     out = drain(core)
@@ -118,8 +122,12 @@ def test_embedding_lengths_may_fill_the_context_and_runners_must_pool():
     with pytest.raises(PromptTooLongError):
         core.add_request(1, [1] * 65, SamplingParams(max_tokens=1), pooling="mean")
     plain = EngineCore(
-        ScriptedRunner(), tok.decode, max_num_seqs=4, max_num_batched_tokens=16,
-        eos_token_ids=[EOS], max_model_len=64,
+        ScriptedRunner(),
+        tok.decode,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        eos_token_ids=[EOS],
+        max_model_len=64,
     )
     assert plain.pooling is None
     with pytest.raises(ValueError, match="does not produce embeddings"):

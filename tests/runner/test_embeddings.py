@@ -80,14 +80,26 @@ def test_a_sentence_transformers_pooling_module_decides(tmp_path):
     (tmp_path / "modules.json").write_text(
         json.dumps(
             [
-                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
             ]
         )
     )
     (tmp_path / "1_Pooling").mkdir()
     config = tmp_path / "1_Pooling" / "config.json"
-    config.write_text(json.dumps({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}))
+    config.write_text(
+        json.dumps({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False})
+    )
     assert pooling_spec(tmp_path, _config()).pooling == "mean"
     config.write_text(json.dumps({"pooling_mode_lasttoken": True}))
     assert pooling_spec(tmp_path, _config()).pooling == "last"
@@ -99,8 +111,20 @@ def test_a_sentence_transformers_pooling_module_decides(tmp_path):
 def test_matryoshka_widths_come_from_the_config(tmp_path):
     listed = pooling_spec(tmp_path, _config(matryoshka_dimensions=[16, 32]))
     assert listed.matryoshka_dimensions == (16, 32)
-    assert [listed.allows_dimensions(d) for d in (16, 24, 32, 64, 65)] == [True, False, True, True, False]
+    assert [listed.allows_dimensions(d) for d in (16, 24, 32, 64, 65)] == [
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
     anything = pooling_spec(tmp_path, _config(is_matryoshka=True))
-    assert [anything.allows_dimensions(d) for d in (0, 1, 63, 64, 65)] == [False, True, True, True, False]
+    assert [anything.allows_dimensions(d) for d in (0, 1, 63, 64, 65)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
     fixed = pooling_spec(tmp_path, _config())
     assert [fixed.allows_dimensions(d) for d in (32, 64)] == [False, True]

@@ -11,6 +11,8 @@ import torch
 from tp_helpers import PROMPTS, alive, run_rounds, start_ranks, tiny_llama
 
 from greedy_rounds import FewerBlocks
+from sluiceway.engine.core import EngineCore
+from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
@@ -49,3 +51,32 @@ def test_chunked_prefill_prefix_hits_and_preemption_match_one_device(case):
     got = run_rounds(FewerBlocks(runner, 12), PROMPTS, budget=5, rounds=2)
     assert want[0].preemptions > 0 and want[1].cached[2] > 0
     assert got == want
+
+
+def embeddings(runner, pooling) -> list[torch.Tensor]:
+    """Every prompt's embedding, 5 tokens a step (the long prompts in chunks)."""
+    core = EngineCore(
+        runner,
+        lambda ids: "",
+        max_num_seqs=8,
+        max_num_batched_tokens=5,
+        eos_token_ids=[],
+        max_model_len=64,
+    )
+    ids = [
+        core.add_request(i, p, SamplingParams(max_tokens=1), pooling=pooling)[0]
+        for i, p in enumerate(PROMPTS)
+    ]
+    got = {}
+    while core.has_work():
+        for seq_id, delta in core.step():
+            got[seq_id] = torch.tensor(delta.embedding)
+    return [got[i] for i in ids]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embeddings_match_one_device(case, pooling):
+    model, runner = case
+    want = embeddings(one_device(model), pooling)
+    for got, expected in zip(embeddings(runner, pooling), want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from greedy_rounds import Run, greedy_rounds
+from sluiceway.engine.pooling import PoolingSpec
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 from sluiceway.runner.tensor_parallel.driver import free_loopback_port
 from sluiceway.runner.tensor_parallel.messages import RankSpec, WeightsSource
@@ -50,6 +51,7 @@ def start_ranks(model: LlamaForCausalLM, size: int, **spec: Any) -> TensorParall
     return TensorParallelRunner(
         RankSpec(world_size=size, init_method=free_loopback_port(), source=weights, **options),
         step_timeout=step_timeout,
+        pooling=PoolingSpec("last", model.config.hidden_size),
     )
 
 

@@ -55,10 +55,15 @@ def _check(raw: str, number: int, endpoint: str, seen: set[str]) -> BatchError |
         return BatchError("invalid_request", "This line is not a JSON object.", number)
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return BatchError("missing_custom_id", "Each line needs a custom_id string.", number, "custom_id")
+        return BatchError(
+            "missing_custom_id", "Each line needs a custom_id string.", number, "custom_id"
+        )
     if custom_id in seen:
         return BatchError(
-            "duplicate_custom_id", f"The custom_id {custom_id!r} is used twice.", number, "custom_id"
+            "duplicate_custom_id",
+            f"The custom_id {custom_id!r} is used twice.",
+            number,
+            "custom_id",
         )
     if item.get("method") != "POST":
         return BatchError("invalid_method", "The method must be POST.", number, "method")

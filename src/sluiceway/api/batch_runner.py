@@ -128,7 +128,9 @@ class BatchRunner:
         unavailable: list[_Unavailable] = []
         async with trio.open_nursery() as nursery:
             for _ in range(self.concurrency):
-                nursery.start_soon(self._work_through, batch, lines, unavailable, nursery.cancel_scope)
+                nursery.start_soon(
+                    self._work_through, batch, lines, unavailable, nursery.cancel_scope
+                )
         return not unavailable
 
     async def _work_through(
@@ -156,7 +158,10 @@ class BatchRunner:
                 "error": None,
             }
             self.store.finish_line(
-                batch.id, line.line, "completed" if status_code == 200 else "failed", json.dumps(result)
+                batch.id,
+                line.line,
+                "completed" if status_code == 200 else "failed",
+                json.dumps(result),
             )
 
     async def _run_line(self, batch: Batch, line: BatchLine) -> tuple[int, dict[str, Any]]:

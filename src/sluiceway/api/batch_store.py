@@ -118,7 +118,9 @@ class BatchStore:
         row = self._db.execute("SELECT batch FROM batches WHERE id = ?", (batch_id,)).fetchone()
         if row is None:
             return None
-        return attrs.evolve(Batch.from_dict(json.loads(row[0])), request_counts=self._counts(batch_id))
+        return attrs.evolve(
+            Batch.from_dict(json.loads(row[0])), request_counts=self._counts(batch_id)
+        )
 
     def batches(self, limit: int, after: str | None = None) -> list[Batch]:
         """Newest first; `after` an id: those older than it."""

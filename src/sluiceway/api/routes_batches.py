@@ -189,5 +189,3 @@ async def cancel_batch(batch_id: str) -> Response:
             "batch_not_cancellable",
         )
     return json_response(_runner().cancel(batch).to_dict())
-
-

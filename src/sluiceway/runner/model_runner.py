@@ -84,6 +84,24 @@ def build_inputs(
     )
 
 
+def pooled_rows(
+    model: DecoderModel, hidden: torch.Tensor, chunks: Sequence[ScheduledChunk]
+) -> list[PooledHidden]:
+    """What each chunk with `pooling` asks of the step's residual stream `hidden`
+    (`[T, hidden]`, the chunks' rows in order): the sum of its final-normed rows
+    ("mean") or its last one ("last"), in float32."""
+    pooled = []
+    end = 0
+    for chunk in chunks:
+        start, end = end, end + len(chunk.token_ids)
+        if chunk.pooling is None:
+            continue
+        rows = hidden[start:end] if chunk.pooling == "mean" else hidden[end - 1 : end]
+        total = model.final_normed(rows).to(torch.float32).sum(0)
+        pooled.append(PooledHidden(chunk.seq_id, tuple(total.tolist())))
+    return pooled
+
+
 def allocate_kv_cache(
     shape: ModelShape,
     *,
@@ -294,16 +312,7 @@ class TorchModelRunner:
             if sampling:
                 logits = model.logits(model.final_normed(hidden[inputs.logits_indices]))
                 samples = sample(logits, sampling, batch.token_masks)
-            pooled = []
-            end = 0
-            for chunk in batch.chunks:
-                start, end = end, end + len(chunk.token_ids)
-                if chunk.pooling is None:
-                    continue
-                rows = hidden[start:end] if chunk.pooling == "mean" else hidden[end - 1 : end]
-                total = model.final_normed(rows).to(torch.float32).sum(0)
-                pooled.append(PooledHidden(chunk.seq_id, tuple(total.tolist())))
-            return samples, pooled
+            return samples, pooled_rows(model, hidden, batch.chunks)
 
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """The float32 logits `step` would sample from, as a new tensor (tests and

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from sluiceway.engine.batch import SampledToken, StepBatch
+from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 from sluiceway.runner.tensor_parallel.messages import (
     Masks,
     RankFailed,
@@ -110,8 +111,11 @@ class TensorParallelRunner:
         *,
         local_ranks: int | None = None,
         step_timeout: float | None = None,
+        pooling: PoolingSpec | None = None,
     ) -> None:
         local = spec.world_size if local_ranks is None else local_ranks
+        # How the model's embeddings are pooled (None: the runner serves none).
+        self.pooling = pooling
         if not 1 <= local <= spec.world_size:
             raise TensorParallelError(f"{local} local ranks of {spec.world_size}")
         self.world_size = spec.world_size
@@ -195,9 +199,15 @@ class TensorParallelRunner:
         if not batch.chunks:
             return []
         with self._step_lock:
-            return self._step(batch)
+            return self._step(batch).tokens
 
-    def _step(self, batch: StepBatch) -> list[SampledToken]:
+    def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]:
+        """`step`, plus rank 0's pooled hidden states of the chunks with `pooling`."""
+        with self._step_lock:
+            reply = self._step(batch)
+        return reply.tokens, reply.pooled
+
+    def _step(self, batch: StepBatch) -> StepDone:
         started = time.perf_counter()
         masks = batch.token_masks
         self._send(StepCommand(_picklable(batch), masks_follow=masks is not None))
@@ -214,7 +224,7 @@ class TensorParallelRunner:
         self.last_step = StepTiming(
             time.perf_counter() - started, reply.rank0_seconds, reply.collective_seconds
         )
-        return reply.tokens
+        return reply
 
     def _send(self, message: StepCommand | Masks) -> None:
         with self._lock:

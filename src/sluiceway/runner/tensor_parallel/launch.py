@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from sluiceway.config import EngineConfig, ModelConfig
+from sluiceway.engine.pooling import PoolingSpec
 from sluiceway.runner.tensor_parallel.driver import TensorParallelRunner, free_loopback_port
 from sluiceway.runner.tensor_parallel.messages import CheckpointSource, RankSpec
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan, TensorParallelError
@@ -63,10 +64,17 @@ def rank_spec(
     )
 
 
-def start_ranks(model: ModelConfig, engine: EngineConfig, hf_config, device: str) -> TensorParallelRunner:
+def start_ranks(
+    model: ModelConfig,
+    engine: EngineConfig,
+    hf_config,
+    device: str,
+    pooling: PoolingSpec | None = None,
+) -> TensorParallelRunner:
     """Check that `hf_config` splits over `model.tensor_parallel_size` ranks (a
     one-line `TensorParallelError` if not, before anything starts), then start
-    the ranks and return their runner once every one has loaded its slice."""
+    the ranks and return their runner once every one has loaded its slice; it
+    serves embeddings pooled as `pooling` says (None: none)."""
     size = model.tensor_parallel_size
     ShardPlan.for_config(hf_config, size)
     # "auto" (the default) means unquantized here: the slices are float.
@@ -82,4 +90,6 @@ def start_ranks(model: ModelConfig, engine: EngineConfig, hf_config, device: str
                 f"{torch.cuda.device_count()}"
             )
     spec = rank_spec(model, engine, init_method=init_method, device=device, local_ranks=local)
-    return TensorParallelRunner(spec, local_ranks=local, step_timeout=engine.step_timeout)
+    return TensorParallelRunner(
+        spec, local_ranks=local, step_timeout=engine.step_timeout, pooling=pooling
+    )

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from sluiceway.engine.batch import SampledToken, StepBatch
+from sluiceway.engine.pooling import PooledHidden
 
 
 @attrs.frozen
@@ -101,10 +102,12 @@ class Ready:
 
 @attrs.frozen
 class StepDone:
-    """Rank 0's samples, and where its time went: the whole step on rank 0 (from
-    the command's arrival to the reply), and the part spent in collectives."""
+    """Rank 0's samples and pooled hidden states (`ScheduledChunk.pooling`), and
+    where its time went: the whole step on rank 0 (from the command's arrival to
+    the reply), and the part spent in collectives."""
 
     tokens: list[SampledToken]
+    pooled: list[PooledHidden] = attrs.field(factory=list)
     rank0_seconds: float = 0.0
     collective_seconds: float = 0.0
 

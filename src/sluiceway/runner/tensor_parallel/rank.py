@@ -166,7 +166,7 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
         started = time.perf_counter()
         shard.model.collective_seconds = 0.0
         with torch.inference_mode():
-            logits = shard.logits(command.batch.chunks)
+            logits, pooled = shard.run(command.batch.chunks)
             if commands is not None:
                 sampling = [c for c in command.batch.chunks if c.sample]
                 masks = _masks(commands) if command.masks_follow else None
@@ -174,6 +174,7 @@ def _serve(shard: ShardRunner, rank: int, commands: Connection | None, cpu_group
                 commands.send(
                     StepDone(
                         tokens,
+                        pooled,
                         rank0_seconds=time.perf_counter() - started,
                         collective_seconds=shard.model.collective_seconds,
                     )

@@ -20,9 +20,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sluiceway.engine.batch import ScheduledChunk
+from sluiceway.engine.pooling import PooledHidden
 from sluiceway.runner.attention import AttentionBackend, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
-from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs
+from sluiceway.runner.model_runner import allocate_kv_cache, build_inputs, pooled_rows
 from sluiceway.runner.models.decoder import DecoderModel
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan
@@ -129,11 +130,14 @@ class ShardRunner:
     def num_blocks(self) -> int:
         return self.kv_cache.num_blocks
 
-    def logits(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
-        """Run one step's chunks (every rank the same ones, in step); the sampling
-        rows' logits as `ShardedDecoderModel.forward` returns them."""
+    def run(self, chunks: Sequence[ScheduledChunk]) -> tuple[torch.Tensor, list[PooledHidden]]:
+        """Run one step's chunks (every rank the same ones, in step): the sampling
+        rows' logits as `ShardedDecoderModel.forward` returns them, and the pooled
+        hidden states of the chunks with `pooling` (the residual stream is whole
+        on every rank)."""
         inputs = build_inputs(chunks, self.kv_cache.block_size, self.model.shape.scale, self.device)
         meta = self.attention.prepare(inputs.meta)
-        return self.model.forward(
-            inputs.input_ids, inputs.positions, self.attention, meta, inputs.logits_indices
-        )
+        model = self.model
+        hidden = model.hidden_states(inputs.input_ids, inputs.positions, self.attention, meta)
+        logits = model.logits(model.final_normed(hidden[inputs.logits_indices]))
+        return logits, pooled_rows(model, hidden, chunks)
