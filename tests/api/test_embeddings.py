@@ -175,3 +175,28 @@ async def test_a_timed_out_request_leaves_nothing_in_the_engine(
             await server.state.engine.wait_idle()
             stats = server.state.engine.stats()
             assert stats.num_running_seqs == stats.num_waiting_seqs == stats.kv_blocks_used == 0
+
+
+async def test_the_trio_client_reads_embeddings_in_both_encodings(
+    serve_runner: Any, tokenizer: Any
+) -> None:
+    import base64
+    import struct
+
+    from sluiceway.client import AsyncClient
+
+    runner = PoolingRunner(vocab=(5, 6), eos=tokenizer.eos_token_id)
+    async with (
+        serve_runner(runner) as server,
+        AsyncClient(server.url, timeout=30, max_retries=0) as client,
+    ):
+        floats = await client.embeddings.create(input=["hi", "hello there"], model=MODEL)
+        encoded = await client.embeddings.create(input="hello there", encoding_format="base64")
+    assert [d.index for d in floats.data] == [0, 1]
+    assert floats.usage.prompt_tokens == len(tokenizer.encode("hi")) + len(
+        tokenizer.encode("hello there")
+    )
+    assert isinstance(encoded.data[0].embedding, str)
+    raw = base64.b64decode(encoded.data[0].embedding)
+    unpacked = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert unpacked == pytest.approx(floats.data[1].embedding, abs=1e-6)

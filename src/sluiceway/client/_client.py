@@ -14,7 +14,7 @@ from sluiceway.client._defaults import DEFAULT
 from sluiceway.client._fanout import ChatRequest, ChoiceStreams, CompletionRequest, Result
 from sluiceway.client._fanout import run_many as _run_many
 from sluiceway.client._fanout import stream_choices as _stream_choices
-from sluiceway.client._resources import Chat, Completions, Models
+from sluiceway.client._resources import Chat, Completions, Embeddings, Models
 from sluiceway.client._retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
 from sluiceway.client._streaming import _close_response
 from sluiceway.client.errors import (
@@ -94,6 +94,7 @@ class AsyncClient:
         )
         self.chat = Chat(self)
         self.completions = Completions(self)
+        self.embeddings = Embeddings(self)
         self.models = Models(self)
 
     async def __aenter__(self) -> AsyncClient:

@@ -1,4 +1,5 @@
-"""The OpenAI-shaped namespaces: client.chat.completions, client.completions, client.models."""
+"""The OpenAI-shaped namespaces: client.chat.completions, client.completions,
+client.embeddings, client.models."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sluiceway.protocol import (
     ChatCompletionChunk,
     Completion,
     CompletionChunk,
+    EmbeddingList,
     Model,
     ModelList,
 )
@@ -187,6 +189,31 @@ class Completions:
             CompletionChunk.from_dict,
             self._client._resolve(timeout),
         )
+
+
+class Embeddings:
+    """``client.embeddings``."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        input: Any,
+        model: str | None = None,
+        timeout: Any = DEFAULT,  # noqa: ASYNC109
+        **params: Any,
+    ) -> EmbeddingList:
+        """``POST /v1/embeddings``. ``input`` is a string, a list of strings, token
+        ids, or a list of them; ``encoding_format`` (default "float") and
+        ``dimensions`` go in ``params``. With "base64" each ``embedding`` is the
+        base64 text of its float32 bytes, as the server sends it."""
+        body = self._client._body({"input": input, **params}, model)
+        data = await self._client._request_json(
+            "POST", "/v1/embeddings", json=body, timeout=timeout
+        )
+        return EmbeddingList.from_dict(data)
 
 
 class Models:
