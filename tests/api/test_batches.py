@@ -16,11 +16,15 @@ import trio
 
 from server_helpers import eventually
 from sluiceway.api.batch_store import BatchStore
+from sluiceway.config import EngineConfig
 
 from .conftest import MODEL, in_thread
 from .fakes import PoolingRunner, ScriptedRunner
 
 C = "/v1/chat/completions"
+# Background work may fill a step, so that a line's prompt is one step and its
+# steps can be counted.
+WHOLE_STEPS = EngineConfig(background_step_tokens=1024)
 
 
 def chat_line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
@@ -215,7 +219,7 @@ async def test_a_cancel_aborts_the_lines_in_flight(
 ) -> None:
     runner.gated = True
     lines = [chat_line(f"line-{i}", f"question {i}", max_tokens=50) for i in range(10)]
-    async with start_server(batch_concurrency=2) as server:
+    async with start_server(batch_concurrency=2, engine_config=WHOLE_STEPS) as server:
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
@@ -259,7 +263,9 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
 
     three_done = trio.Event()
     runner.gated = True
-    async with start_server(batch_store=path, batch_concurrency=1) as server:
+    async with start_server(
+        batch_store=path, batch_concurrency=1, engine_config=WHOLE_STEPS
+    ) as server:
         recording(server.state.batch_runner.store, 0)
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
