@@ -289,3 +289,76 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
     assert done.status == "completed" and done.request_counts.completed == 8
     assert answered[0] == ["line-0", "line-1", "line-2"]
     assert sorted(answered[0] + answered[1]) == sorted(output) == [f"line-{i}" for i in range(8)]
+
+
+def test_a_line_may_hold_any_unicode_a_json_string_may():
+    from sluiceway.api.batch_input import read_lines
+
+    line = chat_line("a", "one\u2028two\u0085three")
+    content = (json.dumps(line, ensure_ascii=False) + "\r\n").encode()
+    lines, problems = read_lines(content, C)
+    assert problems == [] and len(lines) == 1
+    assert json.loads(lines[0].body)["messages"][0]["content"] == "one\u2028two\u0085three"
+
+
+async def test_a_line_has_no_request_timeout_and_a_queued_batch_cancels_at_once(
+    start_server: Any, runner: ScriptedRunner
+) -> None:
+    runner.gated = True
+    async with (
+        start_server(request_timeout=0.5, engine_config=WHOLE_STEPS) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        with client_for(server) as oai:
+            upload = await in_thread(
+                lambda: oai.files.create(file=jsonl([chat_line("slow", "x")]), purpose="batch")
+            )
+            first = await in_thread(
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
+            )
+            second = await in_thread(
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
+            )
+            # The second waits behind the first: cancelling it ends it at once.
+            cancelled = await in_thread(lambda: oai.batches.cancel(second.id))
+            assert cancelled.status == "cancelled" and cancelled.request_counts.completed == 0
+            # An interactive request times out meanwhile; the line, in the engine
+            # as long, does not.
+            r = await client.post(C, json=chat_line("x", "y")["body"])
+            assert r.status_code == 504
+            runner.open()
+            await batch_done(server)
+            done = await in_thread(lambda: oai.batches.retrieve(first.id))
+            assert (await in_thread(lambda: oai.batches.retrieve(second.id))).status == "cancelled"
+    assert done.status == "completed" and done.request_counts.completed == 1
+
+
+async def test_a_drain_stops_the_lines_in_flight_and_leaves_them_pending(
+    start_server: Any, runner: ScriptedRunner, tmp_path: Any
+) -> None:
+    runner.gated = True
+    lines = [chat_line(f"line-{i}", f"question {i}") for i in range(4)]
+    async with start_server(
+        batch_store=str(tmp_path / "b.sqlite"), engine_config=WHOLE_STEPS
+    ) as server:
+        with client_for(server) as oai:
+            upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
+            batch = await in_thread(
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=C, completion_window="24h"
+                )
+            )
+            engine = server.state.engine
+            await eventually(lambda: engine.stats().num_running_seqs == 4)
+            server.state.start_draining()
+            with trio.fail_after(10):
+                await server.state.wait_idle()  # at once, not after the grace period
+            runner.open()
+            await engine.wait_idle()
+            stored = server.state.batch_runner.store.batch(batch.id)
+    assert stored.status == "in_progress" and stored.request_counts.completed == 0
+    assert len(server.state.batch_runner.store.pending_lines(batch.id)) == 4

@@ -119,6 +119,8 @@ async def test_dimensions_cut_a_matryoshka_model_and_are_refused_elsewhere(
         ({"input": "hi", "encoding_format": "int8"}, 400, None, None),
         ({"input": "hi", "dimensions": 0}, 400, None, None),
         ({"input": "hi", "model": "another-model"}, 404, "model", "model_not_found"),
+        # Each input is a choice: more than --max-choices-per-request (128) is a 400.
+        ({"input": ["hi"] * 129}, 400, "input", None),
     ],
 )
 async def test_bad_requests_get_openai_errors(

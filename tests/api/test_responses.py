@@ -4,6 +4,7 @@ events in order, stored conversations, and errors naming their parameter."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -254,8 +255,10 @@ async def test_a_streamed_background_response_outlives_its_reader_and_streams_ag
             runner.allow(2)  # the prompt and the first token
             first = await in_thread(first_events)
             response_id = first[0].response.id
-            assert [e.type for e in first[:2]] == ["response.created", "response.in_progress"]
+            kinds = ["response.created", "response.queued", "response.in_progress"]
+            assert [e.type for e in first[:3]] == kinds
             assert first[0].response.status == "queued" and first[0].response.background
+            assert first[2].response.status == "in_progress"
             runner.open()
             running = server.state.background_runs.get(response_id)
             with trio.fail_after(20):
@@ -291,6 +294,19 @@ async def test_background_needs_store_and_cancel_needs_background(
     plain = (await client.post("/v1/responses", json={"model": MODEL, "input": "hi"})).json()
     r = await client.get(f"/v1/responses/{plain['id']}", params={"stream": "true"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    streamed = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
+    async with client.stream(
+        "POST", "/v1/responses", json=streamed | {"background": True, "stream": True}
+    ) as events:
+        response_id = None
+        async for line in events.aiter_lines():
+            if line.startswith("data: ") and response_id is None:
+                response_id = json.loads(line[6:])["response"]["id"]
+    for bad in ("-3", "soon"):
+        r = await client.get(
+            f"/v1/responses/{response_id}", params={"stream": "true", "starting_after": bad}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "starting_after"
     plain = (
         await client.post(
             "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2}

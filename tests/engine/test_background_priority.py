@@ -2,9 +2,15 @@
 them and within `background_step_tokens`, paused while a foreground prompt runs
 or waits, first to lose blocks and slots; and their outputs are unchanged."""
 
+from contextlib import AsyncExitStack
+
+import pytest
 from engine_fakes import EOS, ByteTokenizer, ScriptedRunner
 
+from sluiceway.config import EngineConfig
 from sluiceway.engine.core import EngineCore
+from sluiceway.engine.engine import Engine
+from sluiceway.engine.errors import QueueFullError
 from sluiceway.engine.sampling_params import SamplingParams
 
 tok = ByteTokenizer()
@@ -99,3 +105,19 @@ def test_background_outputs_equal_the_same_requests_alone():
     got = run_to_end(core)
     assert core.stats().num_preemptions_total > 0
     assert got == want
+
+
+async def test_waiting_background_choices_never_fill_the_foreground_queue():
+    config = EngineConfig(max_num_seqs=1, max_waiting=2)
+    engine = Engine(ScriptedRunner(), tok, config, eos_token_ids=[EOS], max_model_len=64)
+    prompt, params = tok.encode("abc"), SamplingParams(max_tokens=4)
+    async with AsyncExitStack() as stack:
+        for _ in range(3):  # one for the free slot, two waiting: the queue is full
+            await stack.enter_async_context(engine.generate(prompt, params, background=True))
+        with pytest.raises(QueueFullError):
+            await stack.enter_async_context(engine.generate(prompt, params, background=True))
+        # Foreground requests have the queue to themselves.
+        for _ in range(3):
+            await stack.enter_async_context(engine.generate(prompt, params))
+        with pytest.raises(QueueFullError):
+            await stack.enter_async_context(engine.generate(prompt, params))

@@ -14,7 +14,7 @@ from family_models import tiny
 from sluiceway.engine.core import EngineCore
 from sluiceway.engine.pooling import PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
-from sluiceway.runner.loading import ModelLoadError, pooling_spec
+from sluiceway.runner.loading import pooling_spec
 from sluiceway.runner.model_runner import TorchModelRunner
 
 PROMPTS = [[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 2, 3], [200, 201], [9] * 21, [4]]
@@ -103,9 +103,32 @@ def test_a_sentence_transformers_pooling_module_decides(tmp_path):
     assert pooling_spec(tmp_path, _config()).pooling == "mean"
     config.write_text(json.dumps({"pooling_mode_lasttoken": True}))
     assert pooling_spec(tmp_path, _config()).pooling == "last"
+    # Pooling this server does not compute: the model is served without embeddings.
     config.write_text(json.dumps({"pooling_mode_cls_token": True}))
-    with pytest.raises(ModelLoadError, match="pooling_mode_cls_token is not served"):
-        pooling_spec(tmp_path, _config())
+    assert pooling_spec(tmp_path, _config()) is None
+    config.write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    dense = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    (tmp_path / "modules.json").write_text(json.dumps([*modules, dense]))
+    assert pooling_spec(tmp_path, _config()) is None
+
+
+def test_a_runner_told_of_no_pooling_makes_no_embeddings():
+    model = tiny("llama")
+    runner = TorchModelRunner(
+        model.config, model.state_dict(), block_size=4, num_blocks=8, pooling=False
+    )
+    assert runner.pooling is None
+    core = EngineCore(
+        runner,
+        lambda ids: "",
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        eos_token_ids=[],
+        max_model_len=32,
+    )
+    with pytest.raises(ValueError, match="does not produce embeddings"):
+        core.add_request(0, [1, 2], SamplingParams(max_tokens=1), pooling="last")
 
 
 def test_matryoshka_widths_come_from_the_config(tmp_path):

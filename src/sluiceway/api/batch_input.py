@@ -25,7 +25,10 @@ def read_lines(content: bytes, endpoint: str) -> tuple[list[BatchLine], list[Bat
         text = content.decode("utf-8")
     except UnicodeDecodeError:
         return [], [BatchError("invalid_file", "The file is not UTF-8 text.")]
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Only "\n" ends a line: JSON strings may hold U+2028 and the like raw, which
+    # str.splitlines would cut at.
+    for number, raw in enumerate(text.split("\n"), start=1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         checked = _check(raw, number, endpoint, seen)

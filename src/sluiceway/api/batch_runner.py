@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from sluiceway.api.batch_store import BatchLine, BatchStore
+from sluiceway.api.batch_store import UNFINISHED, BatchLine, BatchStore
 from sluiceway.api.errors import APIError
 from sluiceway.api.routes_embeddings import embed_in_background
 from sluiceway.api.routes_generation import answer_in_background
@@ -56,6 +56,7 @@ class BatchRunner:
         self._running: dict[str, trio.CancelScope] = {}
         self.idle = trio.Event()  # set while no batch is queued or running (tests)
         self._queued = 0
+        self._paused = False
 
     def submit(self, batch_id: str) -> None:
         """Queue a stored batch to run (after those queued before it)."""
@@ -64,15 +65,25 @@ class BatchRunner:
         self._send.send_nowait(batch_id)
 
     def cancel(self, batch: Batch) -> Batch:
-        """Mark `batch` cancelling and abort its lines in flight; it becomes
-        cancelled once they have left the engine."""
+        """Cancel `batch`: one running is `cancelling` until its lines in flight have
+        left the engine, then cancelled; one queued or paused is cancelled at once.
+        Returns it as it is then."""
         now = int(time.time())
         batch = attrs.evolve(batch, status="cancelling", cancelling_at=now)
         self.store.put_batch(batch)
         scope = self._running.get(batch.id)
-        if scope is not None:
-            scope.cancel()
+        if scope is None:
+            return self._close(batch.id)
+        scope.cancel()
         return batch
+
+    def pause(self) -> None:
+        """Stop running batches in this process (it is draining): the lines in
+        flight are aborted and stay pending, with their batches in progress, for
+        the next process on the same store."""
+        self._paused = True
+        for scope in self._running.values():
+            scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume the batches a previous process left unfinished, then run batches
@@ -93,8 +104,8 @@ class BatchRunner:
 
     async def _run_batch(self, batch_id: str) -> None:
         batch = self.store.batch(batch_id)
-        if batch is None:
-            return
+        if batch is None or batch.status not in UNFINISHED or self._paused:
+            return  # gone, cancelled while queued, or left for the next process
         if batch.status == "validating":
             batch = attrs.evolve(batch, status="in_progress", in_progress_at=int(time.time()))
             self.store.put_batch(batch)
@@ -106,12 +117,14 @@ class BatchRunner:
                     answered = await self._run_lines(batch)
             finally:
                 del self._running[batch_id]
-            if not answered and not scope.cancelled_caught:
+            if self._paused or not (answered or scope.cancelled_caught):
                 log.info("batch %s paused: the server takes no work now", batch_id)
                 return
         self._close(batch_id)
 
-    def _close(self, batch_id: str) -> None:
+    def _close(self, batch_id: str) -> Batch:
+        """Ends a batch: cancelled when it was cancelling, else completed; its
+        output and error files written. Returns it as stored."""
         batch = self.store.batch(batch_id)
         assert batch is not None
         now = int(time.time())
@@ -119,7 +132,7 @@ class BatchRunner:
             batch = attrs.evolve(batch, status="cancelled", cancelled_at=now)
         else:
             batch = attrs.evolve(batch, status="completed", finalizing_at=now, completed_at=now)
-        self.store.close_batch(batch, batch_id)
+        return self.store.close_batch(batch, batch_id)
 
     async def _run_lines(self, batch: Batch) -> bool:
         """Answer every pending line, `concurrency` at once; False (the lines in

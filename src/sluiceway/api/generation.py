@@ -194,7 +194,9 @@ async def run_choices(run: RequestRun, channels: Sequence[ChoiceChannel], sink: 
     """Consume every choice concurrently until all finish, the deadline passes, the
     drain grace ends, or one choice reports an engine error (which ends the rest)."""
     with run.deadline_scope:
-        run.deadline_scope.deadline = run.state.request_deadline_from(run.started_at)
+        # A batch line waits for the foreground by design: no request timeout for it.
+        if not run.background:
+            run.deadline_scope.deadline = run.state.request_deadline_from(run.started_at)
         async with trio.open_nursery() as nursery:
             for choice, channel in zip(run.choices, channels, strict=True):
                 nursery.start_soon(

@@ -1,7 +1,8 @@
 """A response's output built from the chat shape's streamed deltas, with the
 named events of a streamed response in the order OpenAI sends them:
 
-    response.created, response.in_progress,
+    response.created, response.in_progress (a background one: response.created,
+        response.queued, then response.in_progress once it runs),
     per message: response.output_item.added, response.content_part.added,
         response.output_text.delta..., response.output_text.done,
         response.content_part.done, response.output_item.done
@@ -62,6 +63,17 @@ class ResponseOutput:
         snapshot = response.to_dict()
         self.emit("response.created", response=snapshot)
         self.emit("response.in_progress", response=snapshot)
+
+    def queue(self, response: protocol.Response) -> None:
+        """The first events of a background response, `response` queued: created and
+        queued; `begin` follows once it runs."""
+        snapshot = response.to_dict()
+        self.emit("response.created", response=snapshot)
+        self.emit("response.queued", response=snapshot)
+
+    def begin(self, response: protocol.Response) -> None:
+        """A queued response runs now (`response` in progress)."""
+        self.emit("response.in_progress", response=response.to_dict())
 
     def feed(self, choice: protocol.ChatCompletionChunkChoice) -> None:
         delta = choice.delta

@@ -95,7 +95,9 @@ def _inputs(
             f"allows {_widths(spec)}.",
             "dimensions",
         )
-    inputs = prompt_list(req.input, "input", MAX_EMBEDDING_INPUTS)
+    # Each input is one sequence in the engine, so it counts as a choice does.
+    max_inputs = min(MAX_EMBEDDING_INPUTS, state.server_config.max_choices_per_request)
+    inputs = prompt_list(req.input, "input", max_inputs)
     for item in inputs:
         if not isinstance(item, str):
             check_token_ids(item, state.vocab_size, "input")
@@ -147,7 +149,10 @@ async def _embed(
             return
         cancel.cancel()
 
-    deadline = trio.CancelScope(deadline=state.request_deadline_from(started))
+    # A batch line waits for the foreground by design: no request timeout for it.
+    deadline = trio.CancelScope(
+        deadline=math.inf if background else state.request_deadline_from(started)
+    )
     with state.track() as drain_scope, drain_scope, deadline:
         async with trio.open_nursery() as nursery:
             for index, prompt in enumerate(ready):

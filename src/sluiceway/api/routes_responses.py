@@ -122,7 +122,11 @@ async def get_response(response_id: str) -> Response:
     try:
         after = int(request.args.get("starting_after", "-1"))
     except ValueError:
-        raise errors.invalid_request("starting_after must be a sequence number.", "starting_after") from None
+        after = -2
+    if after < -1:
+        raise errors.invalid_request(
+            "starting_after must be a sequence number (0 or more).", "starting_after"
+        )
     return await stream_response(partial(_follow, running, after))
 
 
@@ -264,7 +268,7 @@ class _Generation:
         running = state.background_runs[queued.id] = BackgroundRun(events=[] if streamed else None)
         if streamed:
             self.output = ResponseOutput(running.add_event)
-            self.output.start(queued)
+            self.output.queue(queued)
         state.background_nursery.start_soon(self._run_in_background, running)
         return queued, running
 
@@ -273,6 +277,7 @@ class _Generation:
         try:
             with running.scope:
                 try:
+                    self.output.begin(self.response)
                     self.output.finish(await self.complete())
                 except APIError as exc:
                     error = ResponseError(exc.code or exc.type, exc.message)

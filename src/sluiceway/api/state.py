@@ -171,9 +171,12 @@ class ServerState:
                 self._idle = trio.Event()
 
     def start_draining(self) -> None:
-        """Refuse new work from now on; open requests carry on."""
+        """Refuse new work from now on; open requests carry on. Batch lines in
+        flight stop at once: they stay pending for the next process."""
         self.draining = True
         self.engine.close()
+        if self.batch_runner is not None:
+            self.batch_runner.pause()
 
     async def wait_idle(self) -> None:
         while self.active:

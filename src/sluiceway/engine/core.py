@@ -206,6 +206,13 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def foreground_load(self) -> tuple[int, int]:
+        """(running, waiting) sequences that are not background ones."""
+        scheduler = self.scheduler
+        running = sum(1 for seq in scheduler.running if not seq.background)
+        waiting = sum(1 for seq in scheduler.waiting if not seq.background)
+        return running, waiting
+
     def stats(self) -> EngineStats:
         return EngineStats(
             num_running_seqs=len(self.scheduler.running),

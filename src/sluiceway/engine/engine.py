@@ -126,6 +126,7 @@ class Engine:
         self._held: dict[int, ChoiceDelta] = {}
         self._live_requests: set[int] = set()
         self._queued_choices = 0  # choices sent to the inbox, not yet seen by the loop
+        self._queued_background = 0  # the background ones among them
         self._request_ids = itertools.count()
         self._failure: str | None = None
         self._closed = False
@@ -280,7 +281,7 @@ class Engine:
         if not self.healthy:
             raise EngineUnhealthyError(self._failure or "the engine is shutting down")
         self._core.check_prompt(prompt_token_ids, embedding=pooling is not None)
-        waiting = self._choices_waiting_for_a_slot()
+        waiting = self._choices_waiting_for_a_slot(background)
         # An empty queue always admits, so a request with n > max_waiting is not
         # refused forever on an idle server.
         if waiting and waiting + n > self.config.max_waiting:
@@ -291,6 +292,7 @@ class Engine:
         channels = [trio.open_memory_channel[ChoiceDelta](capacity) for _ in range(n)]
         self._live_requests.add(request_id)
         self._queued_choices += n
+        self._queued_background += n if background else 0
         self._inbox_send.send_nowait(
             _AddRequest(
                 request_id,
@@ -305,15 +307,23 @@ class Engine:
         self.arrivals.arrived()
         return request_id, tuple(r for _, r in channels)
 
-    def _choices_waiting_for_a_slot(self) -> int:
-        """The choices not yet running beyond the free sequence slots.
+    def _choices_waiting_for_a_slot(self, background: bool) -> int:
+        """The choices not yet running beyond the free sequence slots: of every
+        class for a `background` submission, of the foreground only for another
+        (background sequences yield their slots and their turn to it, so they
+        never fill its queue).
 
         Counting against the free slots, not every choice not yet running, keeps
         the bound the same whether or not the loop has already scheduled what
         arrived just before (it holds an idle engine's first step for a burst)."""
-        stats = self.stats()
-        free_slots = max(0, self.config.max_num_seqs - stats.num_running_seqs)
-        return max(0, stats.num_waiting_seqs - free_slots)
+        if background:
+            stats = self.stats()
+            running, waiting = stats.num_running_seqs, stats.num_waiting_seqs
+        else:
+            running, waiting = self._core.foreground_load()
+            waiting += self._queued_choices - self._queued_background
+        free_slots = max(0, self.config.max_num_seqs - running)
+        return max(0, waiting - free_slots)
 
     # ---- the loop ----------------------------------------------------------------
 
@@ -441,6 +451,7 @@ class Engine:
                 message.reply.send_nowait(done)
             return
         self._queued_choices -= len(message.senders)
+        self._queued_background -= len(message.senders) if message.background else 0
         if message.request_id not in self._live_requests:
             return  # the caller left before the loop saw the request
         seq_ids = self._core.add_request(
@@ -531,6 +542,7 @@ class Engine:
                 message.reply.close()  # its caller gets False
         self._live_requests.clear()
         self._queued_choices = 0
+        self._queued_background = 0
         self._step_boundary.unpark_all()
 
 

@@ -47,7 +47,8 @@ class LoadedModel:
     state dict, and the module can be dropped (`loaded.module = None`) after that.
     `gguf_path` is the GGUF file the weights came from (None: a Hugging Face
     directory), whose stored tensor types decide `--quantization auto`.
-    `pooling` is how the model's embeddings are pooled (`pooling_spec`)."""
+    `pooling` is how the model's embeddings are pooled (`pooling_spec`; None: it
+    makes none here)."""
 
     name: str
     hf_config: Any
@@ -285,16 +286,17 @@ _POOLING_MODES: dict[str, Pooling] = {
 }
 
 
-def pooling_spec(directory: Path, config: Any) -> PoolingSpec:
-    """How the model in `directory` pools its embeddings.
+def pooling_spec(directory: Path, config: Any) -> PoolingSpec | None:
+    """How the model in `directory` pools its embeddings; None: it makes none here.
 
     A sentence-transformers model says so in its Pooling module's config (found
     through `modules.json`): mean or last token. Any other model is a causal LM,
     whose last token is the one that has read the whole input (vLLM's default for
     one too). `dimensions` shorter than the hidden size are allowed only for a
     Matryoshka model: `matryoshka_dimensions` in config.json lists the widths, or
-    `is_matryoshka` allows any. Raises ModelLoadError for a pooling mode other
-    than those two (CLS or max pooling would give the wrong vectors).
+    `is_matryoshka` allows any. A pooling mode other than those two (CLS, max), or
+    a Dense module after the pooling, would give other vectors than the model's:
+    the model is then served without embeddings, and a log line says why.
     """
     hidden = int(config.hidden_size)
     listed = getattr(config, "matryoshka_dimensions", None)
@@ -303,27 +305,38 @@ def pooling_spec(directory: Path, config: Any) -> PoolingSpec:
         matryoshka = tuple(int(d) for d in listed)
     elif getattr(config, "is_matryoshka", False):
         matryoshka = ()
-    return PoolingSpec(_pooling_mode(directory), hidden, matryoshka)
+    try:
+        mode = _pooling_mode(directory)
+    except ValueError as exc:
+        log.warning("%s: serving no embeddings: %s", directory, exc)
+        return None
+    return PoolingSpec(mode, hidden, matryoshka)
 
 
 def _pooling_mode(directory: Path) -> Pooling:
+    """The pooling of a sentence-transformers model's modules ("last" where there
+    are none); ValueError for one this server does not compute."""
     try:
         modules = json.loads((directory / "modules.json").read_text())
     except (OSError, ValueError):
         return "last"
+    mode: Pooling = "last"
     for module in modules if isinstance(modules, list) else []:
-        if not str(module.get("type", "")).endswith("models.Pooling"):
+        kind = str(module.get("type", ""))
+        if kind.endswith("models.Dense"):
+            raise ValueError("a Dense module follows the pooling")
+        if not kind.endswith("models.Pooling"):
             continue
         path = directory / str(module.get("path", "")) / "config.json"
         try:
             options = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot read the pooling config {path}: {exc}") from None
+            raise ValueError(f"cannot read the pooling config {path}: {exc}") from None
         chosen = [key for key, on in options.items() if key.startswith("pooling_mode_") and on]
         if len(chosen) != 1 or chosen[0] not in _POOLING_MODES:
-            raise ModelLoadError(
+            raise ValueError(
                 f"{path}: pooling {', '.join(chosen) or 'none'} is not served "
                 "(mean or last token only)"
             )
-        return _POOLING_MODES[chosen[0]]
-    return "last"
+        mode = _POOLING_MODES[chosen[0]]
+    return mode

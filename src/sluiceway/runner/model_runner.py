@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import attrs
 import torch
@@ -155,7 +156,7 @@ class TorchModelRunner:
     buffers run without capture, which is what tests exercise); False never.
 
     It also serves embeddings (`PoolingModelRunner`), pooled as `pooling` says
-    (default: the last token's hidden state, as for a causal LM).
+    (default: the last token's hidden state, as for a causal LM; False: none).
     """
 
     def __init__(
@@ -172,7 +173,7 @@ class TorchModelRunner:
         quantization: str | None = None,
         cuda_graphs: bool | None = None,
         graph_batch_sizes: Sequence[int] | None = None,
-        pooling: PoolingSpec | None = None,
+        pooling: PoolingSpec | Literal[False] | None = None,
     ) -> None:
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
@@ -193,7 +194,11 @@ class TorchModelRunner:
         self.attention: AttentionBackend = factory(self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)
         self.decode_graphs = self._build_decode_graphs(cuda_graphs, graph_batch_sizes)
-        self.pooling = pooling or PoolingSpec("last", self.model.shape.hidden_size)
+        self.pooling: PoolingSpec | None = (
+            None
+            if pooling is False
+            else pooling or PoolingSpec("last", self.model.shape.hidden_size)
+        )
 
     @classmethod
     def from_loaded(
@@ -222,7 +227,8 @@ class TorchModelRunner:
             quantization=quantization,
             cuda_graphs=cuda_graphs,
             graph_batch_sizes=graph_batch_sizes,
-            pooling=loaded.pooling,
+            # A loaded model whose pooling this server does not compute has none.
+            pooling=loaded.pooling if loaded.pooling is not None else False,
         )
 
     def _build_decode_graphs(
