@@ -21,6 +21,41 @@ class Run:
     core: EngineCore = attrs.field(eq=False)  # the core itself, for its stats; runs compare by output
 
 
+def bare_core(
+    runner: Any, *, budget: int, max_seqs: int = 8, prefix: bool = True, max_model_len: int = 256
+) -> EngineCore:
+    """An engine core over `runner` with no detokenizer text and no end-of-sequence
+    token, `budget` tokens a step."""
+    return EngineCore(
+        runner,
+        lambda ids: "",
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=[],
+        max_model_len=max_model_len,
+        enable_prefix_caching=prefix,
+    )
+
+
+def embed_all(
+    core: EngineCore, prompts: list[list[int]], pooling: Any, first_request_id: int = 0
+) -> list[tuple[float, ...]]:
+    """Every prompt's embedding (`pooling`), in order, stepping `core` until it holds
+    no work."""
+    order = [
+        core.add_request(first_request_id + i, p, SamplingParams(max_tokens=1), pooling=pooling)[0]
+        for i, p in enumerate(prompts)
+    ]
+    got: dict[int, tuple[float, ...]] = {}
+    for _ in range(10_000):
+        if not core.has_work():
+            return [got[s] for s in order]
+        for seq_id, delta in core.step():
+            if delta.embedding is not None:
+                got[seq_id] = delta.embedding
+    raise AssertionError("the engine did not finish")
+
+
 def greedy_rounds(
     runner: Any,
     prompts: list[list[int]],
@@ -33,15 +68,7 @@ def greedy_rounds(
 ) -> list[Run]:
     """`max_new` greedy tokens for every prompt, batched, `rounds` times over on one
     engine core with `budget` tokens a step and no end-of-sequence token."""
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[],
-        max_model_len=256,
-        enable_prefix_caching=prefix,
-    )
+    core = bare_core(runner, budget=budget, max_seqs=max_seqs, prefix=prefix)
     params = SamplingParams(max_tokens=max_new, temperature=0.0)
     runs = []
     for round_ in range(rounds):

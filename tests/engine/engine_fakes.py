@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.core import EngineCore
+from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 
 EOS = 256
@@ -90,3 +93,37 @@ class PoolingScriptedRunner(ScriptedRunner):
                 sums = tuple(float(sum(col)) for col in zip(*rows, strict=True))
                 pooled.append(PooledHidden(c.seq_id, sums))
         return samples, pooled
+
+
+def core_over(
+    runner: ScriptedRunner,
+    *,
+    max_num_seqs: int = 8,
+    budget: int = 16,
+    max_model_len: int = 256,
+    prefix: bool = True,
+    **options: Any,
+) -> EngineCore:
+    """An engine core over `runner` and the byte tokenizer, `budget` tokens a step;
+    `options` are the core's other keyword arguments."""
+    return EngineCore(
+        runner,
+        ByteTokenizer().decode,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=[EOS],
+        max_model_len=max_model_len,
+        enable_prefix_caching=prefix,
+        **options,
+    )
+
+
+def drain(core: EngineCore, max_steps: int = 10_000) -> dict[int, list[ChoiceDelta]]:
+    """Step `core` until it holds no work; every sequence's deltas, in order."""
+    outputs: dict[int, list[ChoiceDelta]] = {}
+    for _ in range(max_steps):
+        if not core.has_work():
+            return outputs
+        for seq_id, delta in core.step():
+            outputs.setdefault(seq_id, []).append(delta)
+    raise AssertionError(f"the engine did not finish in {max_steps} steps")

@@ -5,10 +5,9 @@ or waits, first to lose blocks and slots; and their outputs are unchanged."""
 from contextlib import AsyncExitStack
 
 import pytest
-from engine_fakes import EOS, ByteTokenizer, ScriptedRunner
+from engine_fakes import EOS, ByteTokenizer, ScriptedRunner, core_over, drain
 
 from sluiceway.config import EngineConfig
-from sluiceway.engine.core import EngineCore
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.errors import QueueFullError
 from sluiceway.engine.sampling_params import SamplingParams
@@ -18,12 +17,10 @@ tok = ByteTokenizer()
 
 def make_core(num_blocks=64, max_num_seqs=8, budget=32, background_step_tokens=6):
     runner = ScriptedRunner(num_blocks=num_blocks, block_size=4)
-    core = EngineCore(
+    core = core_over(
         runner,
-        tok.decode,
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[EOS],
+        budget=budget,
         max_model_len=64,
         background_step_tokens=background_step_tokens,
     )
@@ -31,13 +28,8 @@ def make_core(num_blocks=64, max_num_seqs=8, budget=32, background_step_tokens=6
 
 
 def run_to_end(core):
-    texts: dict[int, str] = {}
-    for _ in range(1000):
-        if not core.has_work():
-            return texts
-        for seq_id, delta in core.step():
-            texts[seq_id] = texts.get(seq_id, "") + delta.text
-    raise AssertionError("the engine did not finish")
+    """Each sequence's text, once the core has finished them all."""
+    return {seq_id: "".join(d.text for d in deltas) for seq_id, deltas in drain(core).items()}
 
 
 def background_tokens(batch, ids):

@@ -3,10 +3,9 @@ batched with generation, recomputed after preemption, and aborted like any other
 
 import pytest
 import trio
-from engine_fakes import EOS, ByteTokenizer, PoolingScriptedRunner, ScriptedRunner
+from engine_fakes import EOS, ByteTokenizer, PoolingScriptedRunner, ScriptedRunner, core_over, drain
 
 from sluiceway.config import EngineConfig
-from sluiceway.engine.core import EngineCore
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.errors import PromptTooLongError
 from sluiceway.engine.pooling import PoolingSpec
@@ -19,25 +18,7 @@ def make_core(pooling="mean", num_blocks=64, budget=4, max_num_seqs=8):
     runner = PoolingScriptedRunner(
         num_blocks=num_blocks, block_size=4, pooling=PoolingSpec(pooling, 3)
     )
-    core = EngineCore(
-        runner,
-        tok.decode,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[EOS],
-        max_model_len=64,
-    )
-    return core, runner
-
-
-def drain(core):
-    outputs = {}
-    for _ in range(1000):
-        if not core.has_work():
-            return outputs
-        for seq_id, delta in core.step():
-            outputs.setdefault(seq_id, []).append(delta)
-    raise AssertionError("the engine did not finish")
+    return core_over(runner, max_num_seqs=max_num_seqs, budget=budget, max_model_len=64), runner
 
 
 def expected(prompt, pooling):
@@ -121,14 +102,7 @@ def test_embedding_lengths_may_fill_the_context_and_runners_must_pool():
     core.add_request(0, [1] * 64, SamplingParams(max_tokens=1), pooling="mean")
     with pytest.raises(PromptTooLongError):
         core.add_request(1, [1] * 65, SamplingParams(max_tokens=1), pooling="mean")
-    plain = EngineCore(
-        ScriptedRunner(),
-        tok.decode,
-        max_num_seqs=4,
-        max_num_batched_tokens=16,
-        eos_token_ids=[EOS],
-        max_model_len=64,
-    )
+    plain = core_over(ScriptedRunner(), max_num_seqs=4, max_model_len=64)
     assert plain.pooling is None
     with pytest.raises(ValueError, match="does not produce embeddings"):
         plain.add_request(0, [1, 2], SamplingParams(max_tokens=1), pooling="mean")

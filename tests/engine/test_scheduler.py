@@ -1,8 +1,7 @@
-from engine_fakes import EOS, ByteTokenizer, ScriptedRunner
+from engine_fakes import EOS, ByteTokenizer, ScriptedRunner, core_over, drain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluiceway.engine.core import EngineCore
 from sluiceway.engine.sampling_params import SamplingParams
 
 tok = ByteTokenizer()
@@ -10,27 +9,7 @@ tok = ByteTokenizer()
 
 def make_core(num_blocks=64, block_size=4, max_num_seqs=8, budget=16, prefix=True, **runner_kw):
     runner = ScriptedRunner(num_blocks=num_blocks, block_size=block_size, **runner_kw)
-    core = EngineCore(
-        runner,
-        tok.decode,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=[EOS],
-        max_model_len=256,
-        enable_prefix_caching=prefix,
-    )
-    return core, runner
-
-
-def drain(core):
-    outputs: dict[int, list] = {}
-    steps = 0
-    while core.has_work():
-        for seq_id, delta in core.step():
-            outputs.setdefault(seq_id, []).append(delta)
-        steps += 1
-        assert steps < 10_000
-    return outputs
+    return core_over(runner, max_num_seqs=max_num_seqs, budget=budget, prefix=prefix), runner
 
 
 def test_chunked_prefill_respects_the_token_budget():

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig
 
 from family_models import tiny
-from sluiceway.engine.core import EngineCore
+from greedy_rounds import bare_core, embed_all
 from sluiceway.engine.pooling import PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.loading import pooling_spec
@@ -40,32 +40,15 @@ def test_embeddings_match_the_last_hidden_state(name, pooling):
         num_blocks=12,
         pooling=PoolingSpec(pooling, hidden_size),
     )
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=8,
-        max_num_batched_tokens=5,
-        eos_token_ids=[],
-        max_model_len=64,
-    )
+    core = bare_core(runner, budget=5, max_model_len=64)
     core.add_request(0, [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     for _ in range(30):  # the generation grows to nine blocks first
         core.step()
-    seq_ids = [
-        core.add_request(i + 1, p, SamplingParams(max_tokens=1), pooling=pooling)[0]
-        for i, p in enumerate(PROMPTS)
-    ]
-    got = {}
-    for _ in range(500):
-        if not core.has_work():
-            break
-        for seq_id, delta in core.step():
-            if delta.embedding is not None:
-                got[seq_id] = delta.embedding
+    got = embed_all(core, PROMPTS, pooling, first_request_id=1)
     assert core.stats().num_preemptions_total > 0
-    for seq_id, prompt in zip(seq_ids, PROMPTS, strict=True):
+    for embedding, prompt in zip(got, PROMPTS, strict=True):
         want = transformers_embedding(model, prompt, pooling)
-        torch.testing.assert_close(torch.tensor(got[seq_id]), want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(torch.tensor(embedding), want, rtol=1e-4, atol=1e-4)
 
 
 def _config(**fields):
@@ -119,14 +102,7 @@ def test_a_runner_told_of_no_pooling_makes_no_embeddings():
         model.config, model.state_dict(), block_size=4, num_blocks=8, pooling=False
     )
     assert runner.pooling is None
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=2,
-        max_num_batched_tokens=8,
-        eos_token_ids=[],
-        max_model_len=32,
-    )
+    core = bare_core(runner, budget=8, max_seqs=2, max_model_len=32)
     with pytest.raises(ValueError, match="does not produce embeddings"):
         core.add_request(0, [1, 2], SamplingParams(max_tokens=1), pooling="last")
 

@@ -10,9 +10,7 @@ import pytest
 import torch
 from tp_helpers import PROMPTS, alive, run_rounds, start_ranks, tiny_llama
 
-from greedy_rounds import FewerBlocks
-from sluiceway.engine.core import EngineCore
-from sluiceway.engine.sampling_params import SamplingParams
+from greedy_rounds import FewerBlocks, bare_core, embed_all
 from sluiceway.runner.model_runner import TorchModelRunner
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
@@ -55,23 +53,8 @@ def test_chunked_prefill_prefix_hits_and_preemption_match_one_device(case):
 
 def embeddings(runner, pooling) -> list[torch.Tensor]:
     """Every prompt's embedding, 5 tokens a step (the long prompts in chunks)."""
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=8,
-        max_num_batched_tokens=5,
-        eos_token_ids=[],
-        max_model_len=64,
-    )
-    ids = [
-        core.add_request(i, p, SamplingParams(max_tokens=1), pooling=pooling)[0]
-        for i, p in enumerate(PROMPTS)
-    ]
-    got = {}
-    while core.has_work():
-        for seq_id, delta in core.step():
-            got[seq_id] = torch.tensor(delta.embedding)
-    return [got[i] for i in ids]
+    core = bare_core(runner, budget=5, max_model_len=64)
+    return [torch.tensor(e) for e in embed_all(core, PROMPTS, pooling)]
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])

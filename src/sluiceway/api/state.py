@@ -37,18 +37,18 @@ class BackgroundRun:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     done: trio.Event = attrs.field(factory=trio.Event)
     events: list[dict[str, Any]] | None = None
-    _news: trio.Event = attrs.field(factory=trio.Event)
+    # Its readers wait here for the next event (one per token: no allocation each).
+    _news: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
     def add_event(self, event: dict[str, Any]) -> None:
         assert self.events is not None
         self.events.append(event)
-        self._news.set()
-        self._news = trio.Event()
+        self._news.unpark_all()
 
     def end(self) -> None:
         """No event follows (its readers finish)."""
         self.done.set()
-        self._news.set()
+        self._news.unpark_all()
 
     async def follow(self, after: int) -> AsyncIterator[dict[str, Any]]:
         """The events whose `sequence_number` is above `after`, as they come, until
@@ -61,7 +61,7 @@ class BackgroundRun:
                 index += 1
             if self.done.is_set():
                 return
-            await self._news.wait()
+            await self._news.park()
 
 
 @attrs.define(eq=False)

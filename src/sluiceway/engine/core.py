@@ -209,6 +209,8 @@ class EngineCore:
     def foreground_load(self) -> tuple[int, int]:
         """(running, waiting) sequences that are not background ones."""
         scheduler = self.scheduler
+        if not scheduler.num_background:
+            return len(scheduler.running), len(scheduler.waiting)
         running = sum(1 for seq in scheduler.running if not seq.background)
         waiting = sum(1 for seq in scheduler.waiting if not seq.background)
         return running, waiting

@@ -70,6 +70,9 @@ class Scheduler:
     # many of them were found cached (vLLM's prefix_cache_queries / _hits).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Background sequences held (waiting or running): none, the usual case, spares
+    # every step the two classes' ordering and scans.
+    num_background: int = 0
 
     @property
     def block_size(self) -> int:
@@ -78,6 +81,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self.num_background += seq.background
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -90,22 +94,28 @@ class Scheduler:
             self.waiting.remove(seq)
         self._release_blocks(seq)
         seq.status = SequenceStatus.FINISHED
+        self.num_background -= seq.background
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         work: list[ScheduledWork] = []
         preempted: list[Sequence] = []
-        yielded = self._free_slots_for_foreground()
         # Foreground first, each class in admission order; a preemption takes
         # the last of this order (background first), never one already scheduled.
-        order = sorted(self.running, key=lambda seq: seq.background)
+        yielded: list[Sequence] = []
+        order = self.running
+        if self.num_background:
+            yielded = self._free_slots_for_foreground()
+            order = sorted(self.running, key=lambda seq: seq.background)
         index = 0
         while index < len(order) and budget > 0 and not order[index].background:
             budget = self._schedule_running(order, index, budget, work, preempted)
             index += 1
         if not preempted:
             budget = self._admit_waiting(budget, work, background=False, yielded=yielded)
-        if not (preempted or yielded or self._foreground_waits_or_prefills(work)):
+        if self.num_background and not (
+            preempted or yielded or self._foreground_waits_or_prefills(work)
+        ):
             budget = min(budget, self.background_step_tokens)
             while index < len(order) and budget > 0:
                 budget = self._schedule_running(order, index, budget, work, preempted)
@@ -141,7 +151,7 @@ class Scheduler:
     def _free_slots_for_foreground(self) -> list[Sequence]:
         """With every slot taken, preempt the latest background sequences, one for
         each foreground sequence waiting; returns them."""
-        waiting = sum(1 for seq in self.waiting if not seq.background) if self.waiting else 0
+        waiting = sum(1 for seq in self.waiting if not seq.background)
         yielded: list[Sequence] = []
         while waiting > len(yielded) and len(self.running) >= self.max_num_seqs:
             victim = self._latest_background()
@@ -171,7 +181,8 @@ class Scheduler:
         needed = self._blocks_needed(seq, count)
         while needed > self.blocks.num_free:
             victim = order.pop()
-            self.running.remove(victim)
+            if order is not self.running:
+                self.running.remove(victim)
             self._preempt(victim)
             preempted.append(victim)
             if victim is seq:
