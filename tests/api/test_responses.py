@@ -5,8 +5,10 @@ events in order, stored conversations, and errors naming their parameter."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 import httpx
 import openai
 import pytest
@@ -17,6 +19,7 @@ from sluiceway import protocol
 from sluiceway.api.response_input import chat_messages
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import MemoryResponseStore, SqliteResponseStore, StoredResponse
+from sluiceway.engine.batch import SampledToken, StepBatch
 
 from .conftest import MODEL, in_thread
 from .fakes import ScriptedRunner
@@ -365,3 +368,244 @@ async def test_a_conversation_continues_across_a_restart(start_server: Any, tmp_
             second = await client.post("/v1/responses", json=follow)
             assert second.status_code == 200
             assert second.json()["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+# ---- output items: status and the order of their events ---------------------------
+
+
+@attrs.define
+class _AnswerRunner:
+    """Every sequence's output is `answer` (token ids), then end of sequence (or
+    the length limit). With tools the engine checks each token against the
+    request's grammar, so the answer must be a well-formed one."""
+
+    eos: int
+    answer: tuple[int, ...] = ()
+    num_blocks: int = 512
+    block_size: int = 16
+    _given: dict[int, int] = attrs.field(factory=dict)  # seq id -> tokens given
+
+    def step(self, batch: StepBatch) -> list[SampledToken]:
+        if batch.token_masks is not None:
+            batch.token_masks.wait()
+        out = []
+        for c in batch.chunks:
+            if c.sample:
+                i = self._given[c.seq_id] = self._given.get(c.seq_id, 0) + 1
+                token = self.answer[i - 1] if i <= len(self.answer) else self.eos
+                out.append(SampledToken(c.seq_id, token, -0.25, ()))
+        return out
+
+
+def _call_text(name: str, arguments: dict[str, Any]) -> str:
+    body = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+    {"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}},
+]
+
+
+def _item_events(kind: str, index: int) -> list[tuple[str, int]]:
+    """The events of one whole output item as OpenAI sends them (a run of deltas
+    counted once), each with its `output_index`."""
+    if kind == "message":
+        names = [
+            "output_item.added",
+            "content_part.added",
+            "output_text.delta",
+            "output_text.done",
+            "content_part.done",
+            "output_item.done",
+        ]
+    else:
+        names = [
+            "output_item.added",
+            "function_call_arguments.delta",
+            "function_call_arguments.done",
+            "output_item.done",
+        ]
+    return [(f"response.{name}", index) for name in names]
+
+
+def _event_order(events: list[Any]) -> list[tuple[str, int | None]]:
+    """Each event's type and output index, a run of deltas of one item as one."""
+    order: list[tuple[str, int | None]] = []
+    for e in events:
+        entry = (e.type, getattr(e, "output_index", None))
+        if not (e.type.endswith(".delta") and order and order[-1] == entry):
+            order.append(entry)
+    return order
+
+
+@pytest.fixture
+def answer_runner(tokenizer: Any) -> _AnswerRunner:
+    return _AnswerRunner(eos=tokenizer.eos_token_id)
+
+
+@pytest.fixture
+async def answer_sdk(
+    answer_runner: _AnswerRunner, serve_runner: Any
+) -> AsyncIterator[openai.OpenAI]:
+    async with serve_runner(answer_runner) as server:
+        with openai.OpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30
+        ) as client:
+            yield client
+
+
+@pytest.mark.parametrize(
+    ("answer", "kinds"),
+    [
+        (
+            "Let me check.\n"
+            + _call_text("get_weather", {"city": "Oslo"})
+            + "\n"
+            + _call_text("now", {}),
+            ["message", "function_call", "function_call"],
+        ),
+        (
+            _call_text("now", {})
+            + "\n"
+            + _call_text("get_weather", {"city": "Oslo"})
+            + "\n"
+            + _call_text("now", {}),
+            ["function_call", "function_call", "function_call"],
+        ),
+    ],
+    ids=["message-then-calls", "calls"],
+)
+async def test_each_output_item_is_done_before_the_next_is_added(
+    answer_sdk: openai.OpenAI,
+    answer_runner: _AnswerRunner,
+    tokenizer: Any,
+    answer: str,
+    kinds: list[str],
+) -> None:
+    answer_runner.answer = tuple(tokenizer.encode(answer, add_special_tokens=False))
+
+    def run() -> list[Any]:
+        with answer_sdk.responses.stream(
+            model=MODEL, input="weather?", tools=_TOOLS, max_output_tokens=300
+        ) as stream:
+            return list(stream)
+
+    events = await in_thread(run)
+    expected: list[tuple[str, int | None]] = [
+        ("response.created", None),
+        ("response.in_progress", None),
+    ]
+    for index, kind in enumerate(kinds):
+        expected += _item_events(kind, index)
+    expected.append(("response.completed", None))
+    assert _event_order(events) == expected
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.id, i.status) for i in final.output] == [(i.id, i.status) for i in done]
+    assert [i.type for i in final.output] == kinds
+    assert all(i.status == "completed" for i in final.output)
+    calls = [i for i in final.output if i.type == "function_call"]
+    assert all(isinstance(json.loads(c.arguments), dict) for c in calls)
+    assert len({c.call_id for c in calls}) == len({c.id for c in calls}) == len(calls)
+
+
+async def test_the_item_cut_by_max_output_tokens_is_incomplete(
+    oai: openai.OpenAI, runner: ScriptedRunner
+) -> None:
+    whole = await in_thread(
+        lambda: oai.responses.create(model=MODEL, input="hi", max_output_tokens=4)
+    )
+    assert whole.status == "incomplete" and [i.status for i in whole.output] == ["incomplete"]
+    stored = await in_thread(lambda: oai.responses.retrieve(whole.id))
+    assert [i.status for i in stored.output] == ["incomplete"]
+
+    def run() -> list[Any]:
+        with oai.responses.stream(model=MODEL, input="hi", max_output_tokens=4) as stream:
+            return list(stream)
+
+    events = await in_thread(run)
+    [added] = [e.item for e in events if e.type == "response.output_item.added"]
+    [done] = [e.item for e in events if e.type == "response.output_item.done"]
+    assert added.status == "in_progress" and done.status == "incomplete"
+    final = events[-1].response
+    assert final.status == "incomplete" and [i.status for i in final.output] == ["incomplete"]
+    streamed = await in_thread(lambda: oai.responses.retrieve(final.id))
+    assert [i.status for i in streamed.output] == ["incomplete"]
+    # An output that ends on its own leaves its item completed.
+    runner.eos_after = 2
+    ended = await in_thread(
+        lambda: oai.responses.create(model=MODEL, input="hi", max_output_tokens=40)
+    )
+    assert ended.status == "completed" and [i.status for i in ended.output] == ["completed"]
+
+
+async def test_a_function_call_cut_by_max_output_tokens_is_incomplete(
+    answer_sdk: openai.OpenAI, answer_runner: _AnswerRunner, tokenizer: Any
+) -> None:
+    answer = _call_text("now", {}) + "\n" + _call_text("get_weather", {"city": "Oslo"})
+    tokens = tokenizer.encode(answer, add_special_tokens=False)
+    answer_runner.answer = tuple(tokens)
+    first = len(tokenizer.encode(_call_text("now", {}) + "\n", add_special_tokens=False))
+
+    def run() -> list[Any]:
+        with answer_sdk.responses.stream(
+            model=MODEL, input="weather?", tools=_TOOLS, max_output_tokens=len(tokens) - 3
+        ) as stream:
+            return list(stream)
+
+    assert first < len(tokens) - 3  # the cut falls inside the second call
+    events = await in_thread(run)
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.status) for i in done] == [
+        ("function_call", "completed"),
+        ("function_call", "incomplete"),
+    ]
+    final = events[-1].response
+    assert final.status == "incomplete"
+    assert [i.status for i in final.output] == ["completed", "incomplete"]
+    assert final.output[1].name == "get_weather"
+
+
+def test_a_delta_that_ends_a_call_and_then_holds_text_keeps_that_order() -> None:
+    events: list[dict[str, Any]] = []
+    out = ResponseOutput(events.append)
+    call, fn = protocol.DeltaToolCall, protocol.DeltaFunctionCall
+    first = [call(0, "call_1", "function", fn("now", '{"a"'))]
+    out.feed(protocol.ChatCompletionChunkChoice(0, protocol.DeltaMessage(tool_calls=first)))
+    # The call's last piece and the text after it arrive in one delta.
+    rest = [call(0, function=fn(arguments=": 1}"))]
+    out.feed(
+        protocol.ChatCompletionChunkChoice(
+            0, protocol.DeltaMessage(content="Done.", tool_calls=rest), finish_reason="stop"
+        )
+    )
+    items = out.close()
+    assert [(i["type"], i["status"]) for i in items] == [
+        ("function_call", "completed"),
+        ("message", "completed"),
+    ]
+    assert items[0]["arguments"] == '{"a": 1}'
+    assert [(e["type"], e["output_index"]) for e in events] == [
+        ("response.output_item.added", 0),
+        ("response.function_call_arguments.delta", 0),
+        ("response.function_call_arguments.delta", 0),
+        ("response.function_call_arguments.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.content_part.added", 1),
+        ("response.output_text.delta", 1),
+        ("response.output_text.done", 1),
+        ("response.content_part.done", 1),
+        ("response.output_item.done", 1),
+    ]

@@ -10,6 +10,10 @@ named events of a streamed response in the order OpenAI sends them:
         response.function_call_arguments.delta..., .done, response.output_item.done
     response.completed (or response.incomplete, response.failed)
 
+one item after another: an item's `.done` events all come before the next
+item's `response.output_item.added`. The item a cut, abort or failure leaves
+open ends with status `incomplete`, in its `output_item.done` and in the output.
+
 Streamed and non-streamed responses go through the same `ResponseOutput`; the
 non-streamed one drops the events."""
 
@@ -33,6 +37,7 @@ def _item_id(prefix: str) -> str:
 
 @attrs.define
 class _Call:
+    index: int  # the chat deltas' tool-call index
     output_index: int
     item_id: str
     call_id: str
@@ -40,9 +45,15 @@ class _Call:
     arguments: list[str] = attrs.field(factory=list)
 
 
+# The finish reasons of an output that ended on its own; after any other (cut by
+# `max_output_tokens`, aborted, failed) the item still open is incomplete.
+_ENDED_WHOLE = ("stop", "tool_calls")
+
+
 class ResponseOutput:
     """Feeds on `ChatCompletionChunkChoice`s of one choice; `emit` gets each event
-    (with its `sequence_number`) as it happens."""
+    (with its `sequence_number`) as it happens. At most one item is open at a
+    time: an item's closing events come before the next item is added."""
 
     def __init__(self, emit: Callable[[Event], None] | None = None) -> None:
         self._emit_fn = emit
@@ -51,7 +62,7 @@ class ResponseOutput:
         self._text: list[str] | None = None  # the open message's text
         self._message_id = ""
         self._message_index = 0
-        self._calls: dict[int, _Call] = {}
+        self._call: _Call | None = None  # the open function call
         self.finish_reason: str | None = None
 
     def emit(self, event_type: str, **fields: Any) -> None:
@@ -77,18 +88,27 @@ class ResponseOutput:
 
     def feed(self, choice: protocol.ChatCompletionChunkChoice) -> None:
         delta = choice.delta
+        pieces = delta.tool_calls or ()
+        # One delta can end a call, then hold text, then start the next call; text
+        # is never inside a call, so the open call's pieces come before the text
+        # and any new call's after it.
+        open_index = None if self._call is None else self._call.index
+        for piece in pieces:
+            if piece.index == open_index:
+                self._add_call(piece)
         if delta.content:
             self._add_text(delta.content)
-        for call in delta.tool_calls or ():
-            self._add_call(call)
+        for piece in pieces:
+            if piece.index != open_index:
+                self._add_call(piece)
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
 
     def _add_text(self, text: str) -> None:
         if self._text is None:
-            self._close_calls()
+            self._close_call("completed")
             self._text, self._message_id = [], _item_id("msg")
-            self._message_index = len(self.items) + len(self._calls)
+            self._message_index = len(self.items)
             self.emit(
                 "response.output_item.added",
                 output_index=self._message_index,
@@ -111,7 +131,7 @@ class ResponseOutput:
             logprobs=[],
         )
 
-    def _close_text(self) -> None:
+    def _close_text(self, status: str) -> None:
         if self._text is None:
             return
         text = "".join(self._text)
@@ -120,19 +140,23 @@ class ResponseOutput:
         self.emit("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
         part = OutputText(text)
         self.emit("response.content_part.done", **where, content_index=0, part=part.to_dict())
-        item = OutputMessage(self._message_id, [part])
+        item = OutputMessage(self._message_id, [part], status)
         self.items.append(item)
         self.emit(
             "response.output_item.done", output_index=self._message_index, item=item.to_dict()
         )
 
     def _add_call(self, piece: protocol.DeltaToolCall) -> None:
-        call = self._calls.get(piece.index)
+        call = self._call
         function = piece.function or protocol.DeltaFunctionCall()
-        if call is None:
-            self._close_text()
-            call = self._calls[piece.index] = _Call(
-                output_index=len(self.items) + len(self._calls),
+        if call is None or call.index != piece.index:
+            # A call's pieces all come before the next call's: a new index ends the
+            # open call, which was complete.
+            self._close_text("completed")
+            self._close_call("completed")
+            call = self._call = _Call(
+                index=piece.index,
+                output_index=len(self.items),
                 item_id=_item_id("fc"),
                 call_id=piece.id or _item_id("call"),
                 name=function.name or "",
@@ -150,27 +174,28 @@ class ResponseOutput:
                 delta=function.arguments,
             )
 
-    def _close_calls(self) -> None:
-        for call in self._calls.values():
-            arguments = "".join(call.arguments)
-            self.emit(
-                "response.function_call_arguments.done",
-                item_id=call.item_id,
-                output_index=call.output_index,
-                name=call.name,
-                arguments=arguments,
-            )
-            item = FunctionCallItem(call.item_id, call.call_id, call.name, arguments)
-            self.items.append(item)
-            self.emit(
-                "response.output_item.done", output_index=call.output_index, item=item.to_dict()
-            )
-        self._calls = {}
+    def _close_call(self, status: str) -> None:
+        call, self._call = self._call, None
+        if call is None:
+            return
+        arguments = "".join(call.arguments)
+        self.emit(
+            "response.function_call_arguments.done",
+            item_id=call.item_id,
+            output_index=call.output_index,
+            name=call.name,
+            arguments=arguments,
+        )
+        item = FunctionCallItem(call.item_id, call.call_id, call.name, arguments, status)
+        self.items.append(item)
+        self.emit("response.output_item.done", output_index=call.output_index, item=item.to_dict())
 
     def close(self) -> list[dict[str, Any]]:
-        """Ends the open items; the output's wire form."""
-        self._close_text()
-        self._close_calls()
+        """Ends the open item, incomplete unless the output ended on its own (not cut
+        by `max_output_tokens`, aborted or failed); the output's wire form."""
+        status = "completed" if self.finish_reason in _ENDED_WHOLE else "incomplete"
+        self._close_text(status)
+        self._close_call(status)
         return [item.to_dict() for item in self.items]
 
     def finish(self, response: protocol.Response) -> None:
