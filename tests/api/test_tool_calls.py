@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sluiceway.api.tool_calls import ToolCallParser, parse
 from sluiceway.api.tool_prompt import fallback_messages, template_knows_tools
+from sluiceway.protocol import DeltaFunctionCall
 
 CALL_A = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
 CALL_B = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
@@ -54,12 +55,15 @@ def _stream(pieces: list[str]) -> tuple[str, dict[int, dict[str, Any]]]:
     for piece in pieces:
         text, deltas = parser.feed(piece)
         content.append(text)
+        assert len({d.index for d in deltas}) == len(deltas), deltas  # one chunk's entries
         for d in deltas:
+            assert d.function is not None
             if d.id is not None:
-                assert d.index not in calls and d.function is not None and d.function.name
+                assert d.index not in calls and d.function.name
                 calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
-            elif d.function is not None and d.function.arguments:
-                calls[d.index]["arguments"] += d.function.arguments
+            else:
+                assert d.function.name is None and d.function.arguments
+            calls[d.index]["arguments"] += d.function.arguments or ""
     content.append(parser.finish())
     return "".join(content), calls
 
@@ -79,6 +83,23 @@ def test_streamed_pieces_join_into_what_parse_gives(prefix: str, cuts: list[int]
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [
         (c.function.name, c.function.arguments) for c in whole_calls
     ]
+
+
+def test_one_feed_gives_one_delta_per_call() -> None:
+    # A consumer that falls behind gets the engine's deltas joined into one text.
+    parser = ToolCallParser()
+    text = "Checking.\n" + CALL_A + "\n" + CALL_B
+    content, deltas = parser.feed(text)
+    assert content == "Checking.\n" and parser.finish() == ""
+    assert [(d.index, d.type, d.function) for d in deltas] == [
+        (0, "function", DeltaFunctionCall("get_weather", '{"city": "Paris", "days": [1, 2]}')),
+        (1, "function", DeltaFunctionCall("now", "{}")),
+    ]
+    # A header and the first piece of the arguments, in one text: one entry.
+    parser = ToolCallParser()
+    assert parser.feed(CALL_A[:46]) == ("", [])
+    (first,) = parser.feed(CALL_A[46:53])[1]
+    assert first.id is not None and first.function == DeltaFunctionCall("get_weather", '{"ci')
 
 
 def test_fallback_prompt_describes_tools_and_rewrites_calls() -> None:

@@ -6,9 +6,10 @@ the name always comes first). One parser serves both paths: a streamed choice
 feeds it each delta's text; a full response feeds it the whole text at once.
 
 Streaming follows OpenAI: a call's first delta carries its `index`, `id`, `type`
-and name; the next ones, fragments of its `arguments` which join into the exact
-JSON text. Text that might be the start of a tag, or the end of a call, is held
-back until the next text says which it is.
+and name, and whatever start of its `arguments` came with them; the next ones,
+fragments of its `arguments` which join into the exact JSON text. One `feed`
+gives at most one delta per call. Text that might be the start of a tag, or the
+end of a call, is held back until the next text says which it is.
 """
 
 from __future__ import annotations
@@ -86,19 +87,13 @@ class ToolCallParser:
 
     def _inside(self, deltas: list[protocol.DeltaToolCall]) -> bool:
         index = len(self.calls) - 1
-        if not self.calls or self.calls[-1].complete:
+        opened = not self.calls or self.calls[-1].complete
+        if opened:
             head = _HEAD.match(self._pending)
             if head is None:
                 return False  # the name is not all here yet
-            name = json.loads(head[1])
-            self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", name))
+            self.calls.append(ParsedCall(f"call_{uuid.uuid4().hex[:24]}", json.loads(head[1])))
             index += 1
-            call = self.calls[index]
-            deltas.append(
-                protocol.DeltaToolCall(
-                    index, call.id, "function", protocol.DeltaFunctionCall(name, "")
-                )
-            )
             self._pending = self._pending[head.end() :]
         call = self.calls[index]
         end = self._pending.find(_TAIL)
@@ -110,8 +105,18 @@ class ToolCallParser:
             keep = _held_suffix(self._pending, _TAIL)
             piece = self._pending[: len(self._pending) - keep]
             self._pending = self._pending[len(self._pending) - keep :]
-        if piece:
-            call.arguments += piece
+        call.arguments += piece
+        # One entry per call per chunk, as OpenAI sends: the openai SDK's stream
+        # accumulator and instructor's partials lose a second entry for an index.
+        # `feed` comes here once per call: it stops at a call still open and goes
+        # on past one only once it is complete.
+        if opened:
+            deltas.append(
+                protocol.DeltaToolCall(
+                    index, call.id, "function", protocol.DeltaFunctionCall(call.name, piece)
+                )
+            )
+        elif piece:
             deltas.append(
                 protocol.DeltaToolCall(index, function=protocol.DeltaFunctionCall(arguments=piece))
             )
