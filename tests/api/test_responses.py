@@ -5,8 +5,9 @@ events in order, stored conversations, and errors naming their parameter."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import httpx
@@ -609,3 +610,207 @@ def test_a_delta_that_ends_a_call_and_then_holds_text_keeps_that_order() -> None
         ("response.content_part.done", 1),
         ("response.output_item.done", 1),
     ]
+
+
+# ---- GET /v1/responses/{id}/input_items ---------------------------------------------
+
+_INPUT: list[Any] = [
+    {"role": "developer", "content": "Answer in one word."},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+    {
+        "type": "function_call",
+        "id": "fc_sent_back",  # an earlier output's item keeps its id
+        "call_id": "call_1",
+        "name": "get_weather",
+        "arguments": "{}",
+    },
+    {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    {"role": "assistant", "content": "Sunny."},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+async def test_input_items_are_listed_newest_first_with_ids_and_pages(
+    oai: openai.OpenAI, client: httpx.AsyncClient
+) -> None:
+    response = await in_thread(
+        lambda: oai.responses.create(
+            model=MODEL, input=_INPUT, instructions="Be brief.", max_output_tokens=2
+        )
+    )
+    listed = await in_thread(lambda: oai.responses.input_items.list(response.id))
+    items = listed.data[::-1]  # newest first by default
+    assert [i.type for i in items] == [
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+        "message",
+    ]
+    assert listed.has_more is False
+    ids = [i.id for i in items]
+    assert len(set(ids)) == 6 and all(ids[k].startswith("msg_") for k in (0, 1, 4, 5))
+    developer, user, call, output, assistant, last = items
+    assert developer.role == "developer" and developer.status == "completed"
+    assert [(p.type, p.text) for p in developer.content] == [("input_text", "Answer in one word.")]
+    assert [(p.type, p.text) for p in user.content] == [("input_text", "Weather?")]
+    assert (call.id, call.call_id, call.name) == ("fc_sent_back", "call_1", "get_weather")
+    assert (output.call_id, output.output) == ("call_1", "sunny")
+    assert assistant.role == "assistant"
+    assert [(p.type, p.text) for p in assistant.content] == [("output_text", "Sunny.")]
+    assert [p.text for p in last.content] == ["And tomorrow?"]  # instructions are not input
+    raw = (await client.get(f"/v1/responses/{response.id}/input_items")).json()
+    assert raw["object"] == "list" and [i["id"] for i in raw["data"]] == ids[::-1]
+    assert (raw["first_id"], raw["last_id"], raw["has_more"]) == (ids[-1], ids[0], False)
+
+    first = await in_thread(
+        lambda: oai.responses.input_items.list(response.id, order="asc", limit=4)
+    )
+    assert [i.id for i in first.data] == ids[:4] and first.has_more is True
+    rest = await in_thread(
+        lambda: oai.responses.input_items.list(
+            response.id, order="asc", limit=4, after=first.data[-1].id
+        )
+    )
+    assert [i.id for i in rest.data] == ids[4:] and rest.has_more is False
+
+    # The SDK follows `has_more` and the last id on its own, in either order.
+    def walk(order: Literal["asc", "desc"]) -> list[str]:
+        return [i.id for i in oai.responses.input_items.list(response.id, order=order, limit=2)]
+
+    assert await in_thread(lambda: walk("asc")) == ids
+    assert await in_thread(lambda: walk("desc")) == ids[::-1]
+    after_third = await in_thread(
+        lambda: oai.responses.input_items.list(response.id, after=ids[3], limit=1)
+    )
+    assert [i.id for i in after_third.data] == [ids[2]] and after_third.has_more is True
+    included = await in_thread(
+        lambda: oai.responses.input_items.list(
+            response.id, include=["message.input_image.image_url", "message.output_text.logprobs"]
+        )
+    )
+    assert [i.id for i in included.data] == ids[::-1]
+
+
+async def test_a_continued_response_lists_only_its_own_input(oai: openai.OpenAI) -> None:
+    first = await in_thread(
+        lambda: oai.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    )
+    second = await in_thread(
+        lambda: oai.responses.create(
+            model=MODEL, input="and then?", previous_response_id=first.id, max_output_tokens=2
+        )
+    )
+    [item] = (await in_thread(lambda: oai.responses.input_items.list(second.id))).data
+    assert item.type == "message" and item.role == "user"
+    assert [p.text for p in item.content] == ["and then?"]
+    assert item.id.startswith("msg_")
+    [earlier] = (await in_thread(lambda: oai.responses.input_items.list(first.id))).data
+    assert [p.text for p in earlier.content] == ["hi"] and earlier.id != item.id
+
+
+async def test_input_items_errors_name_their_parameter(
+    oai: openai.OpenAI, client: httpx.AsyncClient
+) -> None:
+    response = await in_thread(
+        lambda: oai.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    )
+    url = f"/v1/responses/{response.id}/input_items"
+    for params, param in (
+        ({"limit": "0"}, "limit"),
+        ({"limit": "101"}, "limit"),
+        ({"limit": "many"}, "limit"),
+        ({"order": "sideways"}, "order"),
+        ({"after": "msg_missing"}, "after"),
+        ({"include[]": "bogus"}, "include"),
+        ({"include": "bogus"}, "include"),
+    ):
+        r = await client.get(url, params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, params
+    with pytest.raises(openai.BadRequestError) as raised:
+        await in_thread(lambda: oai.responses.input_items.list(response.id, limit=101))
+    assert raised.value.param == "limit"
+    with pytest.raises(openai.NotFoundError):
+        await in_thread(lambda: oai.responses.input_items.list("resp_missing"))
+    r = await client.get("/v1/responses/resp_missing/input_items")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+    await in_thread(lambda: oai.responses.delete(response.id))
+    with pytest.raises(openai.NotFoundError):
+        await in_thread(lambda: oai.responses.input_items.list(response.id))
+    doc = (await client.get("/openapi.json")).json()
+    operation = doc["paths"]["/v1/responses/{response_id}/input_items"]["get"]
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ResponseItemList"
+    }
+    assert [p["name"] for p in operation["parameters"]] == [
+        "response_id",
+        "after",
+        "limit",
+        "order",
+        "include[]",
+    ]
+    assert "ResponseItemList" in doc["components"]["schemas"]
+
+
+async def test_input_items_outlive_a_restart_with_the_sqlite_store(
+    start_server: Any, runner: ScriptedRunner, tmp_path: Any
+) -> None:
+    path = str(tmp_path / "responses.db")
+    runner.gated = True
+    async with start_server(response_store=path) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            body = {"model": MODEL, "input": _INPUT, "max_output_tokens": 2}
+            done = (await client.post("/v1/responses", json=body | {"background": True})).json()
+            # A queued response lists its input before it runs.
+            queued = (await client.get(f"/v1/responses/{done['id']}/input_items")).json()
+            assert len(queued["data"]) == len(_INPUT)
+            runner.open()
+            running = server.state.background_runs.get(done["id"])
+            with trio.fail_after(20):
+                if running is not None:
+                    await running.done.wait()
+            before = (await client.get(f"/v1/responses/{done['id']}/input_items")).json()
+            assert before == queued
+    async with start_server(response_store=path) as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as oai:
+            after = await in_thread(
+                lambda: oai.responses.input_items.list(done["id"], order="asc", limit=3)
+            )
+            walked = await in_thread(
+                lambda: [i.model_dump(exclude_none=True) for i in after]  # every page
+            )
+    assert [i["id"] for i in walked] == [i["id"] for i in before["data"][::-1]]
+    assert walked == [{k: v for k, v in i.items() if v is not None} for i in before["data"][::-1]]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_store_keeps_a_responses_input_items(tmp_path: Any, kind: str) -> None:
+    store = MemoryResponseStore() if kind == "memory" else SqliteResponseStore(tmp_path / "r.db")
+    items = ({"type": "message", "id": "msg_1", "role": "user", "content": []},)
+    entry = attrs.evolve(_entry("a"), input_items=items)
+    store.put(entry)
+    assert store.get("a") == entry
+
+
+def test_the_sqlite_store_opens_a_file_from_before_input_items_were_kept(tmp_path: Any) -> None:
+    path = tmp_path / "r.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, response TEXT NOT NULL,"
+        " conversation TEXT NOT NULL, used INTEGER NOT NULL)"
+    )
+    entry = _entry("old")
+    old.execute(
+        "INSERT INTO responses VALUES (?, ?, ?, 1)",
+        ("old", json.dumps(entry.response.to_dict()), json.dumps(entry.conversation)),
+    )
+    old.commit()
+    old.close()
+    store = SqliteResponseStore(path)
+    kept = store.get("old")
+    assert kept is not None and kept.conversation == entry.conversation
+    assert kept.input_items == ()
+    newer = attrs.evolve(_entry("new"), input_items=({"type": "message", "id": "msg_1"},))
+    store.put(newer)
+    assert store.get("new") == newer

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from sluiceway import protocol
+from sluiceway.protocol.responses import INCLUDABLE
 
 _REF = "#/components/schemas/{name}"
 _ERROR = {"$ref": _REF.format(name="Error")}
@@ -34,6 +35,7 @@ _TYPES: tuple[Any, ...] = (
     protocol.ResponseCreateRequest,
     protocol.Response,
     protocol.ResponseDeleted,
+    protocol.ResponseItemList,
     protocol.EmbeddingRequest,
     protocol.EmbeddingList,
     protocol.FileObject,
@@ -133,6 +135,22 @@ def _get(
     return {"get": op}
 
 
+def _input_item_parameters() -> list[dict[str, Any]]:
+    def query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "schema": schema}
+
+    return [
+        query("after", {"type": "string"}),
+        query("limit", {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}),
+        query("order", {"type": "string", "enum": ["asc", "desc"], "default": "desc"}),
+        # As the openai SDK writes a list: `include[]=a&include[]=b`.
+        query(
+            "include[]",
+            {"type": "array", "items": {"type": "string", "enum": sorted(INCLUDABLE)}},
+        ),
+    ]
+
+
 def _paths() -> dict[str, Any]:
     model_parameter = {
         "name": "model",
@@ -178,6 +196,14 @@ def _paths() -> dict[str, Any]:
                 parameters=[response_parameter],
             )["get"]
         },
+        "/v1/responses/{response_id}/input_items": _get(
+            "A page of a stored response's own input items",
+            _ref(protocol.ResponseItemList),
+            400,
+            401,
+            404,
+            parameters=[response_parameter, *_input_item_parameters()],
+        ),
         "/v1/responses/{response_id}/cancel": {
             "post": _get(
                 "Cancel a background response",

@@ -7,11 +7,20 @@ Every item is checked here; a bad one is a 400 naming it (`input[2].call_id`).""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from sluiceway import protocol
 from sluiceway.api.errors import invalid_request
+from sluiceway.protocol.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputMessageItem,
+    InputText,
+    OutputMessage,
+    OutputText,
+)
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -91,6 +100,51 @@ def _string(item: dict[str, Any], key: str, param: str) -> str:
     if not isinstance(value, str):
         raise invalid_request(f"'{key}' must be a string.", f"{param}.{key}")
     return value
+
+
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_STATUSES = ("in_progress", "completed", "incomplete")
+
+
+def input_items(items: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as `GET /v1/responses/{id}/input_items` lists it: each item in its
+    wire form, text content as parts, with an id, the item's own where it brings
+    one (an earlier output sent back) and else a new one as OpenAI assigns them
+    (`msg_...`). `items` must be an input `chat_messages` accepted."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    for item in items:
+        kind = item.get("type", "message")
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id or item_id in ids:
+            # A page's `after` names an item by its id, so no two may share one.
+            item_id = f"{_ID_PREFIXES[kind]}_{uuid.uuid4().hex}"
+        ids.add(item_id)
+        status = item.get("status")
+        if status not in _STATUSES:
+            status = "completed"
+        out.append(_input_item(item, kind, item_id, status).to_dict())
+    return out
+
+
+def _input_item(item: dict[str, Any], kind: str, item_id: str, status: str) -> protocol.InputItem:
+    if kind == "function_call":
+        return FunctionCallItem(item_id, item["call_id"], item["name"], item["arguments"], status)
+    if kind == "function_call_output":
+        output = item["output"]
+        if not isinstance(output, str):
+            output = [InputText(text).to_dict() for text in _texts(output)]
+        return FunctionCallOutputItem(item_id, item["call_id"], output, status)
+    texts = _texts(item["content"])
+    if item["role"] == "assistant":
+        return OutputMessage(item_id, [OutputText(text) for text in texts], status)
+    return InputMessageItem(item_id, item["role"], [InputText(text) for text in texts], status)
+
+
+def _texts(content: str | list[dict[str, Any]]) -> list[str]:
+    return [content] if isinstance(content, str) else [part["text"] for part in content]
 
 
 def chat_tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Stored responses (`store: true`): the response object for
-`GET /v1/responses/{id}` and the conversation a later `previous_response_id`
-continues. Bounded: past `capacity` responses the least recently used goes
-first. In memory by default (`MemoryResponseStore`); in a SQLite file with
-`--response-store PATH` (`SqliteResponseStore`), so they outlive a restart."""
+`GET /v1/responses/{id}`, its input items for `GET /v1/responses/{id}/input_items`
+and the conversation a later `previous_response_id` continues. Bounded: past
+`capacity` responses the least recently used goes first. In memory by default
+(`MemoryResponseStore`); in a SQLite file with `--response-store PATH`
+(`SqliteResponseStore`), so they outlive a restart."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class StoredResponse:
     # The chat messages that produced it and its output as messages: what a
     # continuing request puts before its own input.
     conversation: tuple[dict[str, Any], ...]
+    # The request's own input items in their listed wire form (each with its id),
+    # not those of the conversation it continues.
+    input_items: tuple[dict[str, Any], ...] = ()
 
 
 class ResponseStore(Protocol):
@@ -80,8 +84,14 @@ class SqliteResponseStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, response TEXT NOT NULL,"
-            " conversation TEXT NOT NULL, used INTEGER NOT NULL)"
+            " conversation TEXT NOT NULL, used INTEGER NOT NULL,"
+            " input_items TEXT NOT NULL DEFAULT '[]')"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
+        if "input_items" not in columns:  # a file written before input items were kept
+            self._db.execute(
+                "ALTER TABLE responses ADD COLUMN input_items TEXT NOT NULL DEFAULT '[]'"
+            )
         self._clock = self._db.execute("SELECT COALESCE(MAX(used), 0) FROM responses").fetchone()[0]
         for response_id, text in self._db.execute(
             "SELECT id, response FROM responses WHERE json_extract(response, '$.status') IN (?, ?)",
@@ -102,22 +112,25 @@ class SqliteResponseStore:
 
     def get(self, response_id: str) -> StoredResponse | None:
         row = self._db.execute(
-            "SELECT response, conversation FROM responses WHERE id = ?", (response_id,)
+            "SELECT response, conversation, input_items FROM responses WHERE id = ?",
+            (response_id,),
         ).fetchone()
         if row is None:
             return None
         self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (self._tick(), response_id))
         response = protocol.Response.from_dict(json.loads(row[0]))
-        return StoredResponse(response, tuple(json.loads(row[1])))
+        return StoredResponse(response, tuple(json.loads(row[1])), tuple(json.loads(row[2])))
 
     def put(self, entry: StoredResponse) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO responses (id, response, conversation, used, input_items)"
+            " VALUES (?, ?, ?, ?, ?)",
             (
                 entry.response.id,
                 json.dumps(entry.response.to_dict()),
                 json.dumps(entry.conversation),
                 self._tick(),
+                json.dumps(entry.input_items),
             ),
         )
         self._db.execute(

@@ -1,6 +1,7 @@
 """The Responses API: `POST /v1/responses` (streamed with named events, whole, or
-in the background), `GET` and `DELETE /v1/responses/{id}`, and `POST
-/v1/responses/{id}/cancel` for a background one.
+in the background), `GET` and `DELETE /v1/responses/{id}`, `GET
+/v1/responses/{id}/input_items`, and `POST /v1/responses/{id}/cancel` for a
+background one.
 
 A response is generated as one chat choice (`response_input` turns the request
 into the chat body, `response_output` the chat deltas into output items), so
@@ -30,7 +31,7 @@ from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.rate_limits import take_tokens
-from sluiceway.api.response_input import chat_body, chat_messages
+from sluiceway.api.response_input import chat_body, chat_messages, input_items
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import StoredResponse
 from sluiceway.api.routes_generation import chat_prompts, stream_response, with_grammar
@@ -39,9 +40,11 @@ from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import ChatRequest
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.protocol.responses import (
+    INCLUDABLE,
     IncompleteDetails,
     InputTokensDetails,
     ResponseError,
+    ResponseItemList,
     ResponseUsage,
 )
 from sluiceway.transport import access_log
@@ -62,6 +65,7 @@ class _Prepared:
     prompts: list[prompts.Prompt]
     history: tuple[dict[str, Any], ...]
     own_messages: list[dict[str, Any]]
+    input_items: tuple[dict[str, Any], ...]
 
 
 @blueprint.post("/v1/responses")
@@ -87,7 +91,9 @@ async def create_response() -> Response:
     take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), chat.params.max_tokens, 1)
     chat = await with_grammar(state, chat)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    prepared = _Prepared(req, chat, ready, history, chat_messages(req.input))
+    prepared = _Prepared(
+        req, chat, ready, history, chat_messages(req.input), tuple(input_items(req.input))
+    )
     run = RequestRun(state=state, prompts=ready, n=1, started_at=started)
     generation = _Generation(run, prepared)
     access_log.note_generation(generation.response.id, run)
@@ -144,6 +150,50 @@ async def _follow(
         pass  # the client is gone; the response runs on
     finally:
         out.close()
+
+
+@blueprint.get("/v1/responses/<response_id>/input_items")
+async def list_input_items(response_id: str) -> Response:
+    """A page of the response's own input items (not those of the conversation its
+    `previous_response_id` continues, as on OpenAI): `limit` of them (1-100,
+    default 20), newest first unless `order=asc`, from the one after the item
+    `after`. `include` takes OpenAI's values, none of which adds anything here."""
+    args = request.args
+    try:
+        limit = int(args.get("limit", "20"))
+    except ValueError:
+        raise errors.invalid_request("limit must be a whole number.", "limit") from None
+    if not 1 <= limit <= 100:
+        raise errors.invalid_request("limit must be between 1 and 100.", "limit")
+    order = args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise errors.invalid_request("order must be 'asc' or 'desc'.", "order")
+    # Clients send a list as `include[]=a&include[]=b` (the openai SDK) or repeated.
+    for value in args.getlist("include") + args.getlist("include[]"):
+        if value not in INCLUDABLE:
+            raise errors.invalid_request(
+                f"include {value!r} is not one of {', '.join(sorted(INCLUDABLE))}.", "include"
+            )
+    stored = current_state().response_store.get(response_id)
+    if stored is None:
+        raise errors.response_not_found(response_id)
+    items = list(stored.input_items if order == "asc" else reversed(stored.input_items))
+    start = 0
+    after = args.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise errors.invalid_request(f"No input item {after!r} in this response.", "after")
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    return json_response(
+        ResponseItemList(
+            page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=start + limit < len(items),
+        ).to_dict()
+    )
 
 
 @blueprint.post("/v1/responses/<response_id>/cancel")
@@ -233,7 +283,9 @@ class _Generation:
                 *self.prepared.own_messages,
                 *chat_messages(items),
             )
-            run.state.response_store.put(StoredResponse(final, tuple(conversation)))
+            run.state.response_store.put(
+                StoredResponse(final, tuple(conversation), self.prepared.input_items)
+            )
         return final
 
     async def complete(self) -> protocol.Response:
@@ -264,7 +316,7 @@ class _Generation:
         assert state.background_nursery is not None
         queued = attrs.evolve(self.response, status="queued", background=True)
         self.response = attrs.evolve(queued, status="in_progress")
-        state.response_store.put(StoredResponse(queued, ()))
+        state.response_store.put(StoredResponse(queued, (), self.prepared.input_items))
         running = state.background_runs[queued.id] = BackgroundRun(events=[] if streamed else None)
         if streamed:
             self.output = ResponseOutput(running.add_event)
@@ -295,7 +347,7 @@ class _Generation:
     def _store_ended(self, status: str, error: ResponseError | None) -> protocol.Response:
         """Stores the response ended without its output (failed or cancelled)."""
         ended = attrs.evolve(self.response, status=status, error=error, output=self.output.close())
-        self.run.state.response_store.put(StoredResponse(ended, ()))
+        self.run.state.response_store.put(StoredResponse(ended, (), self.prepared.input_items))
         return ended
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:

@@ -51,12 +51,17 @@ from sluiceway.protocol.requests import (
 )
 from sluiceway.protocol.responses import (
     FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    InputMessageItem,
+    InputText,
     OutputItem,
     OutputMessage,
     OutputText,
     Response,
     ResponseCreateRequest,
     ResponseDeleted,
+    ResponseItemList,
     ResponseUsage,
 )
 from sluiceway.protocol.tools import (
@@ -107,7 +112,11 @@ __all__ = [
     "FileObject",
     "FunctionCall",
     "FunctionCallItem",
+    "FunctionCallOutputItem",
     "FunctionDefinition",
+    "InputItem",
+    "InputMessageItem",
+    "InputText",
     "JsonSchemaFormat",
     "Model",
     "ModelList",
@@ -120,6 +129,7 @@ __all__ = [
     "ResponseCreateRequest",
     "ResponseDeleted",
     "ResponseFormat",
+    "ResponseItemList",
     "ResponseUsage",
     "SamplingFields",
     "StreamOptions",

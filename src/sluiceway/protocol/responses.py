@@ -87,6 +87,77 @@ OutputItem = OutputMessage | FunctionCallItem
 
 
 @attrs.frozen
+class InputText(Wire):
+    text: str
+    type: str = "input_text"
+
+    wire_order = ("type", "text")
+
+
+@attrs.frozen
+class InputMessageItem(Wire):
+    """A user, system or developer message of a request's input, as
+    `GET /v1/responses/{id}/input_items` lists it (an assistant message there is an
+    `OutputMessage`)."""
+
+    id: str
+    role: str
+    content: list[InputText] = attrs.field(factory=list)
+    status: str = "completed"
+    type: str = "message"
+
+    wire_order = ("type", "id", "status", "role", "content")
+
+
+@attrs.frozen
+class FunctionCallOutputItem(Wire):
+    """What the caller's function returned for the call `call_id`: its text, or
+    its `input_text` parts (an `InputText`'s wire form each)."""
+
+    id: str
+    call_id: str
+    output: str | list[dict[str, Any]]
+    status: str = "completed"
+    type: str = "function_call_output"
+
+    wire_order = ("type", "id", "call_id", "output", "status")
+
+
+InputItem = InputMessageItem | OutputMessage | FunctionCallItem | FunctionCallOutputItem
+
+# The `include` values OpenAI documents for a response and its input items. None
+# adds anything here (no file search, images, reasoning or logprobs of input), so
+# each is accepted and ignored; any other value is a 400.
+INCLUDABLE = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+    }
+)
+
+
+@attrs.frozen
+class ResponseItemList(Wire):
+    """A page of a response's input items (`GET /v1/responses/{id}/input_items`):
+    each item's wire form, an `InputItem`'s. `first_id` and `last_id` are this
+    page's; `has_more`: more follow after `last_id` in the same order."""
+
+    data: list[dict[str, Any]]
+    object: str = "list"
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+    wire_order = ("object", "data", "first_id", "last_id", "has_more")
+
+
+@attrs.frozen
 class InputTokensDetails(Wire):
     cached_tokens: int = 0
 
