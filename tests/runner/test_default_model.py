@@ -70,3 +70,55 @@ def test_the_default_is_served_on_int4_where_it_is_fast_and_says_why(caplog):
         ModelConfig(quantization="none"), EngineConfig(num_kv_blocks=8), progress=False
     )
     assert unquantized.quantization is None
+
+
+EMBEDDED_TEXTS = ["Paris is the capital of France.", "Rain is expected tomorrow.", "hi"]
+
+
+@pytest.fixture(scope="module")
+def loaded_bf16():
+    return load_model(None, dtype="bfloat16", progress=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_every_precision_path_embeds_a_text_to_the_same_bits_however_it_is_batched(
+    dtype, quantization, request
+):
+    """Each path the default model can be served on runs here on any x86 host (a
+    host without AVX512-BF16 runs bfloat16 on torch's portable kernels), so a
+    defect of one path shows on a CI host that would not pick it by itself."""
+    from greedy_rounds import bare_core, embed_all
+    from sluiceway.engine.sampling_params import SamplingParams
+
+    loaded = request.getfixturevalue("loaded" if dtype == "float32" else "loaded_bf16")
+    assert loaded.dtype is getattr(torch, dtype)
+    runner = TorchModelRunner.from_loaded(loaded, quantization=quantization, num_blocks=64)
+    core = bare_core(runner, budget=256, max_seqs=8)
+    tokenizer = loaded.tokenizer
+    ids = [tokenizer.encode(t) for t in EMBEDDED_TEXTS]
+    alone = [embed_all(core, [i], "last", n)[0] for n, i in enumerate(ids)]
+    together = embed_all(core, ids, "last", 10)
+    chat = tokenizer.apply_chat_template(
+        CHATS[0], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    core.add_request(20, chat, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    core.step()  # a generation decodes beside the embeddings
+    beside = embed_all(core, ids[::-1], "last", 21)[::-1]
+    assert together == alone and beside == alone
+    # Every path computes the same model: close to float32's unquantized vector.
+    reference = request.getfixturevalue("float32_vectors")
+    for vector, want in zip(alone, reference, strict=True):
+        cosine = torch.nn.functional.cosine_similarity(
+            torch.tensor(vector), torch.tensor(want), dim=0
+        )
+        assert cosine > 0.95, cosine
+
+
+@pytest.fixture(scope="module")
+def float32_vectors(loaded):
+    from greedy_rounds import bare_core, embed_all
+
+    runner = TorchModelRunner.from_loaded(loaded, quantization=None, num_blocks=64)
+    ids = [loaded.tokenizer.encode(t) for t in EMBEDDED_TEXTS]
+    return embed_all(bare_core(runner, budget=256), ids, "last")

@@ -127,3 +127,49 @@ def test_matryoshka_widths_come_from_the_config(tmp_path):
     ]
     fixed = pooling_spec(tmp_path, _config())
     assert [fixed.allows_dimensions(d) for d in (32, 64)] == [False, True]
+
+
+PRECISION_PATHS = [
+    pytest.param(dtype, quantization, id=f"{str(dtype).removeprefix('torch.')}-{quantization}")
+    for dtype in (torch.float32, torch.bfloat16)
+    for quantization in (None, "int8", "int4")
+]
+
+
+@pytest.mark.parametrize(("dtype", "quantization"), PRECISION_PATHS)
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_an_embedding_is_the_same_bits_alone_in_a_batch_and_beside_generation(
+    dtype, quantization, pooling
+):
+    # Every path runs on any x86 host: bfloat16 without AVX512-BF16 runs torch's
+    # portable kernels. In a shared batch the quantized layers switch from their
+    # quantized kernel to the dense product past a few rows, and half precision
+    # rounds the two differently; a short text alone stays under that count.
+    model = tiny("llama")
+    runner = TorchModelRunner(
+        model.config,
+        model.state_dict(),
+        dtype=dtype,
+        quantization=quantization,
+        block_size=4,
+        num_blocks=64,
+        pooling=PoolingSpec(pooling, model.config.hidden_size),
+    )
+    core = bare_core(runner, budget=32, max_seqs=4, max_model_len=128)
+    assert core.scheduler.embedding_chunk_tokens == 29
+    short = [5, 17, 99, 3, 42, 8]
+    long = [(7 * i + 3) % 250 + 3 for i in range(40)]  # two chunks: 29 and 11
+    others = [[9] * 21, [200, 201, 7, 7], [11] * 13]
+    alone = embed_all(core, [short], pooling) + embed_all(core, [long], pooling, 1)
+    in_a_batch = embed_all(core, [others[0], short, *others[1:], long], pooling, 10)
+    core.add_request(
+        100, [7, 8, 9], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    )
+    core.step()  # the generation decodes while the embeddings run
+    beside_generation = embed_all(core, [long, short], pooling, 101)
+    assert in_a_batch[1] == alone[0] and in_a_batch[-1] == alone[1]
+    assert beside_generation == [alone[1], alone[0]]
+    if quantization is None:  # and still the model's vector, to half precision's rounding
+        want = transformers_embedding(model, short, pooling)
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(torch.tensor(alone[0]), want, rtol=tol, atol=tol)

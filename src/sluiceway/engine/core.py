@@ -235,7 +235,8 @@ class EngineCore:
     # ---- the step -------------------------------------------------------------
 
     def step(self) -> list[tuple[int, ChoiceDelta]]:
-        """Schedule, run the model once, and turn the samples into per-choice deltas.
+        """Schedule, run the model (once, plus once for each embedding chunk), and
+        turn the samples and pooled states into per-choice deltas.
 
         Returns (sequence id, delta) pairs; a delta with a finish_reason is that
         choice's last. If the runner raises, the exception propagates and the
@@ -249,19 +250,23 @@ class EngineCore:
         for seq in plan.preempted:
             seq.pooled_sum = None  # its hidden states are recomputed from the start
         sampling = [w.seq for w in plan.work if w.completes_sequence and w.seq.pooling is None]
-        batch = StepBatch(tuple(self._chunk(w) for w in plan.work), self._start_masks(sampling))
+        token_masks = self._start_masks(sampling)  # filled beside the model
+        # Every chunk of an embedding runs on its own, before the rest: its vector
+        # then depends on its own tokens alone, not on what shares the step (half
+        # precision rounds a row differently in a larger matmul, and quantized
+        # layers switch kernels with the row count). First, because a sequence
+        # later in the step may reuse the blocks it fills.
+        pooling: list[tuple[Seq, bool]] = []
         pooled: list[PooledHidden] = []
-        # (sequence, whether this chunk ends its prompt) for every pooling chunk
-        pooling = [
-            (w.seq, w.completes_sequence)
-            for w, c in zip(plan.work, batch.chunks, strict=True)
-            if c.pooling is not None
-        ]
-        if pooling:
-            assert self._pooling_runner is not None  # add_request refuses embeddings otherwise
-            samples, pooled = self._pooling_runner.step_pooled(batch)
-        else:
-            samples = self.runner.step(batch)
+        for w in plan.work:
+            if w.seq.pooling is not None:
+                pooled.extend(self._run_embedding_chunk(w))
+                if self._pools(w):
+                    pooling.append((w.seq, w.completes_sequence))
+        batch = StepBatch(
+            tuple(self._chunk(w) for w in plan.work if w.seq.pooling is None), token_masks
+        )
+        samples = self.runner.step(batch) if batch.chunks else []
         if batch.token_masks is not None:
             masks = batch.token_masks
             self.mask_rows_total += len(masks.rows)
@@ -304,6 +309,13 @@ class EngineCore:
             )
             finished.append((seq.seq_id, delta))
         return finished
+
+    def _run_embedding_chunk(self, work: ScheduledWork) -> list[PooledHidden]:
+        """Run one chunk of an embedding sequence as a batch of its own; its pooled
+        row, if it asks for one."""
+        assert self._pooling_runner is not None  # add_request refuses embeddings otherwise
+        _, pooled = self._pooling_runner.step_pooled(StepBatch((self._chunk(work),)))
+        return pooled
 
     @staticmethod
     def _pools(work: ScheduledWork) -> bool:

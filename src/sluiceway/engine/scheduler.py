@@ -37,6 +37,41 @@ class SchedulerOutput:
 
 
 @attrs.define
+class _StepBudget:
+    """What is left of one step: `tokens` in all, of which a prompt or decode
+    chunk may take `prompt_tokens` (all of them, until the background part of the
+    step caps them to its share); an embedding chunk takes a whole
+    `embedding_chunk` (or its prompt's rest) or nothing, and only while
+    `embeddings` holds."""
+
+    tokens: int
+    embedding_chunk: int
+    prompt_tokens: int = attrs.field()
+    embeddings: bool = True
+
+    @prompt_tokens.default
+    def _all_tokens(self) -> int:
+        return self.tokens
+
+    def enter_background(self, share: int, *, embeddings: bool) -> None:
+        self.prompt_tokens = min(self.tokens, share)
+        self.embeddings = embeddings
+
+    def chunk(self, seq: Sequence) -> int:
+        """How many of `seq`'s tokens run this step; 0: none."""
+        if seq.pooling is None:
+            return min(seq.num_uncomputed_tokens, self.prompt_tokens)
+        count = min(seq.num_uncomputed_tokens, self.embedding_chunk)
+        return count if self.embeddings and count <= self.tokens else 0
+
+    def take(self, seq: Sequence, count: int) -> None:
+        self.tokens -= count
+        if seq.pooling is None:
+            self.prompt_tokens -= count
+        self.prompt_tokens = min(self.prompt_tokens, self.tokens)
+
+
+@attrs.define
 class Scheduler:
     """Fair continuous-batching scheduler with chunked prefill and preemption.
 
@@ -57,6 +92,17 @@ class Scheduler:
     (so none of a background prefill stands between a request and its first
     token), are the first preempted for blocks, and give up their slot to a
     waiting foreground sequence when every slot is taken.
+
+    Embedding sequences (`Sequence.pooling`) run their prompt in chunks of a fixed
+    size, `embedding_chunk_tokens` (the last one shorter), never cut to what a step
+    has left: the runner computes each embedding chunk on its own, so equal chunks
+    make a text's vector the same bits whatever else the engine is running. The
+    size is the largest chunk that fits beside one decode token of every other
+    slot, so a running decode never keeps one out. A chunk that does not fit waits
+    for the next step, first in line. A background embedding chunk runs only on an
+    engine that holds no foreground sequence: capped to `background_step_tokens` it
+    could never run, and run beside a foreground decode it would stall that stream
+    for a whole chunk.
     """
 
     blocks: BlockManager
@@ -78,6 +124,11 @@ class Scheduler:
     def block_size(self) -> int:
         return self.blocks.block_size
 
+    @property
+    def embedding_chunk_tokens(self) -> int:
+        """The size of every embedding chunk but a prompt's last."""
+        return max(1, self.max_num_batched_tokens - self.max_num_seqs + 1)
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
@@ -97,7 +148,7 @@ class Scheduler:
         self.num_background -= seq.background
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
+        budget = _StepBudget(self.max_num_batched_tokens, self.embedding_chunk_tokens)
         work: list[ScheduledWork] = []
         preempted: list[Sequence] = []
         # Foreground first, each class in admission order; a preemption takes
@@ -108,17 +159,18 @@ class Scheduler:
             yielded = self._free_slots_for_foreground()
             order = sorted(self.running, key=lambda seq: seq.background)
         index = 0
-        while index < len(order) and budget > 0 and not order[index].background:
-            budget = self._schedule_running(order, index, budget, work, preempted)
+        while index < len(order) and budget.tokens > 0 and not order[index].background:
+            self._schedule_running(order, index, budget, work, preempted)
             index += 1
         if not preempted:
-            budget = self._admit_waiting(budget, work, background=False, yielded=yielded)
+            self._admit_waiting(budget, work, background=False, yielded=yielded)
         if self.num_background and not (
             preempted or yielded or self._foreground_waits_or_prefills(work)
         ):
-            budget = min(budget, self.background_step_tokens)
-            while index < len(order) and budget > 0:
-                budget = self._schedule_running(order, index, budget, work, preempted)
+            only_background = len(self.running) + len(self.waiting) == self.num_background
+            budget.enter_background(self.background_step_tokens, embeddings=only_background)
+            while index < len(order) and budget.tokens > 0:
+                self._schedule_running(order, index, budget, work, preempted)
                 index += 1
             if not preempted:
                 self._admit_waiting(budget, work, background=True, yielded=yielded)
@@ -134,19 +186,22 @@ class Scheduler:
         self,
         order: list[Sequence],
         index: int,
-        budget: int,
+        budget: _StepBudget,
         work: list[ScheduledWork],
         preempted: list[Sequence],
-    ) -> int:
+    ) -> None:
         """Schedule `order[index]` within `budget` (preempting from the end of
-        `order` for blocks); the budget left. A sequence preempted for itself
-        leaves `order` with nothing after it, which ends the caller's loop."""
+        `order` for blocks). A sequence preempted for itself leaves `order` with
+        nothing after it and the budget spent, which ends the caller's loop."""
         seq = order[index]
-        count = min(seq.num_uncomputed_tokens, budget)
+        count = budget.chunk(seq)
+        if not count:
+            return  # an embedding chunk that does not fit this step
         if not self._reserve_blocks_for_running(seq, count, order, preempted):
-            return 0  # `seq` itself was preempted; everything after it already was
+            budget.tokens = 0  # `seq` itself was preempted; everything after it already was
+            return
         self._schedule(seq, count, work)
-        return budget - count
+        budget.take(seq, count)
 
     def _free_slots_for_foreground(self) -> list[Sequence]:
         """With every slot taken, preempt the latest background sequences, one for
@@ -192,25 +247,30 @@ class Scheduler:
 
     def _admit_waiting(
         self,
-        budget: int,
+        budget: _StepBudget,
         work: list[ScheduledWork],
         *,
         background: bool,
         yielded: list[Sequence],
-    ) -> int:
+    ) -> None:
         """Admit waiting sequences of one class (`background` or not) within `budget`.
         A foreground one short of blocks preempts background sequences for them
         (adding them to `yielded`); otherwise it waits, first in line."""
-        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
-            return budget
+        if not self.waiting or budget.tokens <= 0 or len(self.running) >= self.max_num_seqs:
+            return
         running_by_group = Counter(seq.group for seq in self.running)
-        while budget > 0 and len(self.running) < self.max_num_seqs:
+        while budget.tokens > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_waiting(running_by_group, background)
             if seq is None:
                 break
             if seq.num_computed_tokens == 0 and not seq.block_ids and seq.reuses_cached_prefix:
                 self._reuse_cached_prefix(seq)
-            count = min(seq.num_uncomputed_tokens, budget)
+            count = budget.chunk(seq)
+            if not count:
+                # Out of the background share, or an embedding chunk that does not
+                # fit: next step, first in line, prefix hits given back.
+                self._release_blocks(seq)
+                break
             needed = self._blocks_needed(seq, count)
             while needed > self.blocks.num_free and not background:
                 victim = self._latest_background()
@@ -231,8 +291,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._schedule(seq, count, work)
-            budget -= count
-        return budget
+            budget.take(seq, count)
 
     def _next_waiting(
         self, running_by_group: Counter[Hashable], background: bool

@@ -104,9 +104,11 @@ class Sequence:
 
     @property
     def reuses_cached_prefix(self) -> bool:
-        """Whether admission may skip the prompt's cached blocks: not for a mean-pooled
-        embedding, which needs every token's hidden state."""
-        return self.pooling != "mean"
+        """Whether admission may skip the prompt's cached blocks: not for an
+        embedding, whose vector must depend on its own tokens alone (cached keys and
+        values were computed in other batches, which half precision rounds
+        differently) and, mean-pooled, needs every token's hidden state."""
+        return self.pooling is None
 
     def next_step_seed(self) -> int:
         return mix_seed(self.seed, self.choice_index, self.num_output_tokens)
