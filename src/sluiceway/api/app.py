@@ -22,6 +22,7 @@ from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
 from sluiceway.api.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
+from sluiceway.api.request_body import LimitedRequest
 from sluiceway.api.response_store import SqliteResponseStore
 from sluiceway.api.routes_batches import blueprint as batches_blueprint
 from sluiceway.api.routes_embeddings import blueprint as embeddings_blueprint
@@ -43,6 +44,7 @@ OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})
 
 class SluicewayApp(QuartTrio):
     asgi_http_class = SluicewayHTTPConnection
+    request_class = LimitedRequest
     # The access log's style, or None when it is off (read once per request).
     access_log_style: AccessLogStyle | None = None
 
@@ -193,6 +195,9 @@ def create_app(
         # Streams may run as long as generation does; --request-timeout is the limit.
         RESPONSE_TIMEOUT=None,
         MAX_CONTENT_LENGTH=server_config.max_body_bytes,
+        # A form field is bounded by the body it is in: one limit, one flag, and a
+        # 413 that can name them (quart's default bounds a field at 500 kB).
+        MAX_FORM_MEMORY_SIZE=None,
         BODY_TIMEOUT=server_config.body_timeout,
         JSON_SORT_KEYS=False,
     )

@@ -108,3 +108,30 @@ def timeout(seconds: float | None) -> APIError:
         None,
         "request_timeout",
     )
+
+
+def body_too_large(limit: int, size: int | None) -> APIError:
+    """The 413 for a request body over `--max-body-size`; `size` is None when only
+    the part that arrived is known (a chunked body, cut off at the limit). The rest
+    of the body is not read, so the connection closes after the answer."""
+    flag = "(raise it with --max-body-size)"
+    if size is None:
+        message = f"The request body exceeds the limit of {limit} bytes {flag}."
+    else:
+        message = f"The request body is {size} bytes; the limit is {limit} bytes {flag}."
+    return APIError(
+        413, message, "invalid_request_error", None, "request_too_large", (("Connection", "close"),)
+    )
+
+
+def too_many_form_parts(limit: int) -> APIError:
+    """The 413 for a multipart upload of more than `limit` parts: quart's bound on
+    the parsing one form may cost, apart from its size."""
+    return APIError(
+        413,
+        f"The upload has more than {limit} form parts; it needs only 'file' and 'purpose'.",
+        "invalid_request_error",
+        None,
+        "request_too_large",
+        (("Connection", "close"),),
+    )

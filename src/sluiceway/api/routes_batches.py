@@ -14,6 +14,7 @@ import uuid
 import attrs
 import trio
 from quart import Blueprint, Response, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from sluiceway.api import errors, prompts
 from sluiceway.api.batch_input import read_lines
@@ -61,8 +62,13 @@ def _batch(batch_id: str) -> Batch:
 @blueprint.post("/v1/files")
 async def upload_file() -> Response:
     """A multipart upload: `file`, and `purpose` "batch" (the one purpose served)."""
-    form = await request.form
-    uploads = await request.files
+    try:
+        form = await request.form
+        uploads = await request.files
+    except RequestEntityTooLarge:
+        # The body's own limit raises `errors.body_too_large`; what is left is
+        # the form's bound on its number of parts.
+        raise errors.too_many_form_parts(request.max_form_parts or 0) from None
     purpose = form.get("purpose")
     if purpose != "batch":
         raise errors.invalid_request(
