@@ -27,6 +27,7 @@ EXPECTED: list[tuple[object, str, tuple[str, ...] | None]] = [
     (TCPServer, "_read_data", ("self",)),
     (TCPServer, "_idle_timeout", ("self",)),
     (TrioSingleTask, "restart", ("self", "task_group", "action")),
+    (TrioSingleTask, "stop", ("self",)),
     (H11Protocol, "_handle_events", ("self",)),
     (H11Protocol, "_maybe_recycle", ("self",)),
     (H11Protocol, "_close_stream", ("self",)),

@@ -19,9 +19,10 @@ four names only:
 What it needs from below, and why:
 
 - hypercorn's trio `TCPServer` (`protocol_send`, `_close`, `_read_data`,
-  `_idle_timeout`, its `send_lock`/`stream`/`protocol` attributes): a send that
+  `_idle_timeout`, its `send_lock`/`stream`/`protocol`/`idle_task` attributes): a send that
   goes out without three scheduler round trips, a bound on sends a client stops
-  reading, and a half-close after a response that must be the last;
+  reading, a half-close after a response that must be the last, and a close as
+  soon as the client has gone rather than when the keep-alive timer fires;
 - hypercorn's `H11Protocol` (`_handle_events`, `_maybe_recycle`,
   `_close_stream`, `_create_stream`, `_send_h11_event`, `stream_send`) and
   `HTTPStream.app_send`: keep-alive recycling that does not wait on a finished

@@ -20,6 +20,13 @@ ends, resets the connection, which aborts its request (`ConnectionLimits`).
 
 It also half-closes a connection after a response that must be its last (HTTP/1.0,
 `Connection: close`), which hypercorn leaves open (`_end_of_connection`).
+
+And it closes a connection as soon as its read loop ends (the client's FIN, a
+reset), once no response is left to finish. hypercorn's loop reports the end to
+the protocol, which ends a request in progress, but a connection idle between
+requests has no request to end: its keep-alive timer went on running, and the
+connection's task group, and so its socket, stayed open until it fired (CLOSE-WAIT
+for `--keep-alive-timeout` after every client that hung up first, `_read_data`).
 """
 
 from __future__ import annotations
@@ -62,6 +69,9 @@ _CLOSE_LIMIT_SECONDS = 1.0
 
 
 class ImmediateSendTCPServer(TCPServer):
+    # Set once the read loop has ended: no request can come after that.
+    _reading_over: bool = False
+
     async def run(self) -> None:
         """Serve the connection as hypercorn does, unless the server already holds
         `--max-connections` of them: then answer 503 at once, without reading the
@@ -74,6 +84,20 @@ class ImmediateSendTCPServer(TCPServer):
             await super().run()
         finally:
             limits.release_connection()
+
+    async def _read_data(self) -> None:
+        """hypercorn's read loop; then, since the connection can serve no further
+        request, stops its keep-alive timer, which is all that kept an idle
+        connection open. The connection then closes as soon as its last task ends:
+        at once when idle, or when a response in progress has ended (hypercorn
+        told it the client is gone). Runs the stop shielded: a cancelled reader
+        must not leave the timer holding the connection."""
+        try:
+            await super()._read_data()
+        finally:
+            self._reading_over = True
+            with trio.CancelScope(shield=True):
+                await self.idle_task.stop()
 
     async def _close(self) -> None:
         """Close the socket as hypercorn does, even when the connection's task is
@@ -112,6 +136,11 @@ class ImmediateSendTCPServer(TCPServer):
             if self._response_must_close():
                 await self._end_of_connection()
         elif isinstance(event, Closed | Updated):
+            if isinstance(event, Updated) and event.idle and self._reading_over:
+                # A response ended after the read loop did (a reset, which h11 never
+                # hears of, leaves it ready for a next request that cannot come):
+                # waiting for one would only hold the socket for the timer.
+                event = Closed()
             with trio.CancelScope(shield=True):
                 await super().protocol_send(event)
         else:
