@@ -54,9 +54,10 @@ class EngineConfig:
     it; the step starts as soon as none is being prepared and none has begun or
     arrived for half a millisecond (0: at once).
     `background_step_tokens` is the most tokens background work (Batch API lines)
-    may take of one step; it never runs in a step that holds a foreground
-    prompt, so what a request waits for before its first token is at most one
-    step of that size.
+    may take of a step while a foreground sequence is held; it never runs in a
+    step that holds a foreground prompt, so what a request waits for before its
+    first token is at most one step of that size. With no foreground sequence
+    held, background work takes whole steps.
     """
 
     max_model_len: int | None = attrs.field(default=None, validator=_positive)

@@ -151,11 +151,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="most tokens background work (Batch API lines) takes of one step; it never "
-        "shares a step with an interactive prompt, so an interactive request waits at most "
-        "one such step for its first token. On a CPU a step's time grows with its rows, and "
-        "1 keeps interactive TTFT within 20%% of an idle server's (docs/benchmarks.md); more "
-        "runs batches faster (default 1)",
+        help="most tokens background work (Batch API lines) takes of one step while "
+        "interactive requests are held; it never shares a step with an interactive prompt, so "
+        "an interactive request waits at most one such step for its first token. On a CPU a "
+        "step's time grows with its rows, and 1 keeps interactive decoding at its speed while "
+        "a batch runs (docs/benchmarks.md). With no interactive request held, background work "
+        "takes whole steps (default 1)",
     )
     group.add_argument(
         "--stream-interval",

@@ -1,6 +1,6 @@
 """Background sequences (Batch API lines) yield to every other: scheduled after
-them and within `background_step_tokens`, paused while a foreground prompt runs
-or waits, first to lose blocks and slots; and their outputs are unchanged."""
+them and within `background_step_tokens` beside foreground work (whole steps
+alone), paused while a foreground prompt runs or waits, first to lose blocks and slots; and their outputs are unchanged."""
 
 from contextlib import AsyncExitStack
 
@@ -36,14 +36,28 @@ def background_tokens(batch, ids):
     return sum(len(c.token_ids) for c in batch.chunks if c.seq_id in ids)
 
 
-def test_background_prompts_take_at_most_their_share_of_a_step():
+def test_background_prompts_take_their_share_beside_foreground_work_and_whole_steps_alone():
     core, runner = make_core(budget=32, background_step_tokens=6)
-    ids = set(
-        core.add_request(0, tok.encode("a" * 20), SamplingParams(max_tokens=2), background=True)
-    )
+    core.add_request(0, tok.encode("a" * 20), SamplingParams(max_tokens=2), background=True)
     run_to_end(core)
-    assert [b.num_tokens for b in runner.batches] == [6, 6, 6, 2, 1]
-    assert all(background_tokens(b, ids) <= 6 for b in runner.batches)
+    assert [b.num_tokens for b in runner.batches] == [20, 1]  # nothing else held
+    runner.batches.clear()
+    fg = set(
+        core.add_request(1, tok.encode("b" * 4), SamplingParams(max_tokens=6, ignore_eos=True))
+    )
+    core.step()  # the foreground prompt
+    bg = set(
+        core.add_request(2, tok.encode("c" * 40), SamplingParams(max_tokens=2), background=True)
+    )
+    for _ in range(3):
+        core.step()
+    assert [background_tokens(b, bg) for b in runner.batches[1:]] == [6, 6, 6]
+    run_to_end(core)
+    beside = [b for b in runner.batches if any(c.seq_id in fg for c in b.chunks)]
+    assert all(background_tokens(b, bg) <= 6 for b in beside)
+    assert [background_tokens(b, bg) for b in beside] == [0, 6, 6, 6, 6, 6]
+    # Once the foreground request ended, the rest of the prompt ran in one step.
+    assert [background_tokens(b, bg) for b in runner.batches[len(beside) :]] == [10, 1]
 
 
 def test_a_foreground_prompt_runs_alone_and_background_work_resumes_after_it():

@@ -88,10 +88,11 @@ class Scheduler:
 
     Background sequences (`Sequence.background`: Batch API lines) yield to every
     other: they are scheduled after them, take at most `background_step_tokens`
-    tokens of a step, pause while another sequence waits or is in its prompt
-    (so none of a background prefill stands between a request and its first
-    token), are the first preempted for blocks, and give up their slot to a
-    waiting foreground sequence when every slot is taken.
+    tokens of a step while a foreground sequence is held (the whole step when
+    none is), pause while another sequence waits or is in its prompt (so none of
+    a background prefill stands between a request and its first token), are the
+    first preempted for blocks, and give up their slot to a waiting foreground
+    sequence when every slot is taken.
 
     Embedding sequences (`Sequence.pooling`) run their prompt in chunks of a fixed
     size, `embedding_chunk_tokens` (the last one shorter), never cut to what a step
@@ -100,9 +101,8 @@ class Scheduler:
     size is the largest chunk that fits beside one decode token of every other
     slot, so a running decode never keeps one out. A chunk that does not fit waits
     for the next step, first in line. A background embedding chunk runs only on an
-    engine that holds no foreground sequence: capped to `background_step_tokens` it
-    could never run, and run beside a foreground decode it would stall that stream
-    for a whole chunk.
+    engine that holds no foreground sequence: beside a foreground decode it would
+    stall that stream for a whole chunk.
     """
 
     blocks: BlockManager
@@ -167,8 +167,12 @@ class Scheduler:
         if self.num_background and not (
             preempted or yielded or self._foreground_waits_or_prefills(work)
         ):
+            # The share caps background work only while a foreground sequence is
+            # held, whose next token it would delay; on an engine that holds only
+            # background work, background lines run as ordinary requests would.
             only_background = len(self.running) + len(self.waiting) == self.num_background
-            budget.enter_background(self.background_step_tokens, embeddings=only_background)
+            share = budget.tokens if only_background else self.background_step_tokens
+            budget.enter_background(share, embeddings=only_background)
             while index < len(order) and budget.tokens > 0:
                 self._schedule_running(order, index, budget, work, preempted)
                 index += 1
