@@ -32,7 +32,9 @@ _METADATA = {
     "attention.sliding_window": "sliding_window",
 }
 VOCAB_SIZE = 1024
-_GGUF_ARCH = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+_GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+# The layers' linear weights (GGUF names blk.N.<name>.weight), which `linear_type` stores.
+_LINEAR_NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def default_gguf_path() -> Path:
@@ -41,9 +43,21 @@ def default_gguf_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
 
 
-def write_gguf(model: Any, path: Path) -> None:
+def _llama_permute(data: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's row order of a Llama q or k weight (transformers'
+    GGUF loader undoes it)."""
+    return (
+        data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(data.shape)
+    )
+
+
+def write_gguf(model: Any, path: Path, linear_type: Any = None) -> None:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
-    at `path`."""
+    at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
+    quantizes, such as Q4_1 or Q8_0), the layers' linear weights are stored in
+    that type instead, as a quantized llama.cpp file stores them."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
@@ -80,7 +94,14 @@ def write_gguf(model: Any, path: Path) -> None:
         data = tensor.detach().float().numpy()
         if gemma and "norm.weight" in hf_name:
             data = data + np.float32(1)  # llama.cpp's Gemma converter stores 1 + weight
-        writer.add_tensor(to_gguf[hf_name], data)
+        name = to_gguf[hf_name]
+        if arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
+            heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
+            data = _llama_permute(data, heads)
+        if linear_type is not None and name.split(".")[-2] in _LINEAR_NAMES:
+            writer.add_tensor(name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
+        else:
+            writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

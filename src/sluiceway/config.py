@@ -94,8 +94,10 @@ class ModelConfig:
     original (see `runner/linear.py`). "auto" (the default) picks the path the
     stored weights fit: int4 or int8 on CPU for a GGUF whose linear weights are
     stored quantized, where the native kernels serve them (bfloat16 on
-    AVX512-BF16, float32 on AVX2); none for float weights, on other CPUs, on CUDA and with tensor
-    parallelism (see `runner/quantization_choice.py`); "none" (or None) never
+    AVX512-BF16, float32 on AVX2); none for float weights, on other CPUs and on CUDA
+    (see `runner/quantization_choice.py`). With tensor parallelism each rank
+    quantizes its slices to the same weights, where the slices' shapes allow
+    (`runner/tensor_parallel/quantization.py`). "none" (or None) never
     quantizes. On CUDA, decode steps replay CUDA graphs unless `enforce_eager`.
     `tensor_parallel_size` > 1 splits the model over that many rank processes
     (docs/tensor-parallel.md)."""

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
     from sluiceway.runner.loading import LoadedModel
     from sluiceway.runner.model_runner import TorchModelRunner
+    from sluiceway.runner.quantization_choice import QuantizationChoice
     from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
 logger = logging.getLogger(__name__)
@@ -78,8 +79,6 @@ def load_bundle(
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     loaded = load_model(model.model, model.dtype, progress=progress)
-    if model.tensor_parallel_size > 1:
-        return ModelBundle(loaded, _start_ranks(loaded, model, engine, device))
     try:
         choice = choose_quantization(
             model.quantization,
@@ -89,14 +88,20 @@ def load_bundle(
         )
     except Exception as exc:  # an unreadable GGUF index; transformers read the file, though
         raise ModelLoadError(f"cannot read the tensor types of {loaded.name}: {exc}") from None
+    if model.tensor_parallel_size > 1:
+        # The ranks serve the one-process decision where their slices can hold it.
+        choice = _sharded_choice(choice, loaded, model, device)
     logger.info(
         "serving %s on %s in %s, %s (%s)",
         loaded.name,
         device,
-        str(loaded.dtype).removeprefix("torch."),
+        _dtype_name(loaded),
         f"{choice.quantization} weight-only" if choice.quantization else "unquantized",
         choice.reason,
     )
+    if model.tensor_parallel_size > 1:
+        ranks = _start_ranks(loaded, model, engine, device, choice.quantization)
+        return ModelBundle(loaded, ranks, quantization=choice.quantization)
     try:
         runner = TorchModelRunner.from_loaded(
             loaded,
@@ -116,17 +121,54 @@ def load_bundle(
     return ModelBundle(loaded, runner, quantization=choice.quantization)
 
 
+def _dtype_name(loaded: LoadedModel) -> str:
+    return str(loaded.dtype).removeprefix("torch.")
+
+
+def _sharded_choice(
+    choice: QuantizationChoice, loaded: LoadedModel, model: ModelConfig, device: str
+) -> QuantizationChoice:
+    from sluiceway.runner.loading import ModelLoadError
+    from sluiceway.runner.tensor_parallel.quantization import sharded_quantization
+    from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
+
+    try:
+        return sharded_quantization(
+            choice,
+            loaded.hf_config,
+            model.tensor_parallel_size,
+            requested=model.quantization,
+            device=device,
+        )
+    except TensorParallelError as exc:
+        raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
+
+
 def _start_ranks(
-    loaded: LoadedModel, model: ModelConfig, engine: EngineConfig, device: str
+    loaded: LoadedModel,
+    model: ModelConfig,
+    engine: EngineConfig,
+    device: str,
+    quantization: str | None,
 ) -> TensorParallelRunner:
-    """The ranks' runner; this process keeps the tokenizer and config, not the weights."""
+    """The ranks' runner, in this process's dtype on weight path `quantization`;
+    this process keeps the tokenizer and config, not the weights."""
     from sluiceway.runner.loading import ModelLoadError
     from sluiceway.runner.tensor_parallel.launch import start_ranks
     from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
 
     loaded.module = None  # each rank loads its own slice; free this copy first
     try:
-        return start_ranks(model, engine, loaded.hf_config, device, loaded.pooling)
+        return start_ranks(
+            model,
+            engine,
+            loaded.hf_config,
+            device,
+            loaded.pooling,
+            quantization=quantization,
+            # Resolved here once, so that "auto" cannot resolve otherwise in a rank.
+            dtype=_dtype_name(loaded),
+        )
     except TensorParallelError as exc:
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
 

@@ -44,9 +44,6 @@ def test_a_model_that_does_not_split_fails_to_load_in_one_line(model_dir: Path):
     with pytest.raises(ModelLoadError, match="does not divide the model's 4 attention heads") as caught:
         load_bundle(model, EngineConfig(num_kv_blocks=16), progress=False)
     assert "\n" not in str(caught.value)
-    quantized = ModelConfig(model=str(model_dir), tensor_parallel_size=2, quantization="int8")
-    with pytest.raises(ModelLoadError, match="quantization runs with a tensor-parallel size of 1"):
-        load_bundle(quantized, EngineConfig(num_kv_blocks=16), progress=False)
 
 
 def test_offline_llm_splits_the_model_and_ends_its_ranks(model_dir: Path):

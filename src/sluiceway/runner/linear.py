@@ -85,10 +85,17 @@ class Int8Weight:
     scales: torch.Tensor  # [out], the activation dtype
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> tuple[Int8Weight, torch.Tensor]:
-        """The quantized weight and its float32 dequantized values."""
+    def quantize(
+        cls, weight: torch.Tensor, row_absmax: torch.Tensor | None = None
+    ) -> tuple[Int8Weight, torch.Tensor]:
+        """The quantized weight and its float32 dequantized values. `row_absmax`
+        (`[out]`, in `weight`'s dtype) is the largest |weight| of each whole row
+        when `weight` holds only some of its columns (a tensor-parallel rank's
+        row-parallel slice): each row is then scaled as the whole row is on one
+        device, so the slices' partial products sum to that device's product."""
         w = weight.to(torch.float32)
-        scales = _positive_in(weight.dtype, w.abs().amax(dim=1) / 127.0)
+        absmax = w.abs().amax(dim=1) if row_absmax is None else row_absmax.to(torch.float32)
+        scales = _positive_in(weight.dtype, absmax / 127.0)
         q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
         return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
 
@@ -175,11 +182,13 @@ class Int4Weight:
 
 
 def quantize_weight(
-    weight: torch.Tensor, quantization: str
+    weight: torch.Tensor, quantization: str, row_absmax: torch.Tensor | None = None
 ) -> tuple[Int8Weight | Int4Weight, torch.Tensor]:
-    """`(quantized, dequantized float32 values)` for `quantization` "int8" or "int4"."""
+    """`(quantized, dequantized float32 values)` for `quantization` "int8" or "int4".
+    `row_absmax`: see `Int8Weight.quantize`; int4 needs none (its groups lie
+    within a slice whose width is a multiple of the group size)."""
     if quantization == "int8":
-        return Int8Weight.quantize(weight)
+        return Int8Weight.quantize(weight, row_absmax)
     return Int4Weight.quantize(weight)
 
 
@@ -198,7 +207,8 @@ class Linear:
     "mkldnn" (prepacked by oneDNN). With `quantization`, `quantized` holds the
     quantized weight, used for calls of at most `quantized_max_rows` rows on CPU
     (None: `default_quantized_max_rows`), and the dense weight is its dequantized
-    copy."""
+    copy. `row_absmax` scales int8 rows by whole rows that `weight` holds only
+    some columns of (see `Int8Weight.quantize`)."""
 
     def __init__(
         self,
@@ -207,6 +217,7 @@ class Linear:
         *,
         quantization: str | None = None,
         quantized_max_rows: int | None = None,
+        row_absmax: torch.Tensor | None = None,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(
@@ -224,7 +235,7 @@ class Linear:
             quantized_max_rows = default_quantized_max_rows(weight.dtype)
         self.quantized_max_rows = quantized_max_rows
         if quantization is not None:
-            self.quantized, dequantized = quantize_weight(weight, quantization)
+            self.quantized, dequantized = quantize_weight(weight, quantization, row_absmax)
             weight = dequantized.to(weight.dtype)
         if _mkldnn_packable(weight):
             self.kind = "mkldnn"

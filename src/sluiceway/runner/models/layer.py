@@ -85,7 +85,10 @@ def layer_weights(
     def linear(names: list[str]) -> Linear:
         weight = w.fused([f"{p}{n}.weight" for n in names], required=True)
         bias = w.fused([f"{p}{n}.bias" for n in names], required=False)
-        return Linear(weight, bias, quantization=q)  # type: ignore[arg-type]
+        # Rounded to the model's dtype like the weight: rounding is monotonic, so
+        # that is the largest of the rounded weights, as one device computes it.
+        absmax = w.get(f"{p}{names[0]}.row_absmax") if len(names) == 1 else None
+        return Linear(weight, bias, quantization=q, row_absmax=absmax)  # type: ignore[arg-type]
 
     experts = None
     gate_up = down = None
@@ -100,7 +103,11 @@ def layer_weights(
                         w.fused([f"{p}experts.{e}.gate", f"{p}experts.{e}.up"], required=True),  # type: ignore[arg-type]
                         quantization=q,
                     ),
-                    down=Linear(w.need(f"{p}experts.{e}.down"), quantization=q),
+                    down=Linear(
+                        w.need(f"{p}experts.{e}.down"),
+                        quantization=q,
+                        row_absmax=w.get(f"{p}experts.{e}.down.row_absmax"),
+                    ),
                 )
                 for e in range(arch.experts.num_experts)
             ],

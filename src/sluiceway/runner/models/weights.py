@@ -11,6 +11,11 @@ sharding and the tests then speak only the canonical names:
     layers.{i}.{gate,up,down}.weight|bias                    (dense MLP)
     layers.{i}.router, layers.{i}.experts.{e}.{gate,up,down}  (experts)
 
+A tensor-parallel rank's int8 slices add `layers.{i}.{o,down}.row_absmax` and
+`layers.{i}.experts.{e}.down.row_absmax`: each whole row's largest |weight| of
+a row-parallel weight, of which the rank holds some columns
+(`linear.Int8Weight.quantize`).
+
 Each canonical weight has one `Role`, which is how tensor parallelism splits it.
 """
 

@@ -44,8 +44,12 @@ def rank_spec(
     init_method: str,
     device: str,
     local_ranks: int,
+    quantization: str | None = None,
+    dtype: str | None = None,
 ) -> RankSpec:
-    """The spec every rank of `model` starts from (the same on every machine)."""
+    """The spec every rank of `model` starts from (the same on every machine), with
+    the weight path and dtype decided for it (`quantization`: None, "int8" or
+    "int4"; `dtype` None: `model.dtype`). Ranks take rank 0's decisions of both."""
     threads = None
     if device == "cpu":
         # Ranks on one machine share its cores; more threads than cores would
@@ -54,13 +58,14 @@ def rank_spec(
     return RankSpec(
         world_size=model.tensor_parallel_size,
         init_method=init_method,
-        source=CheckpointSource(model.model, model.dtype),
+        source=CheckpointSource(model.model, dtype or model.dtype),
         device=device,
         attention_backend=model.attention_backend,
         block_size=engine.block_size,
         num_blocks=engine.num_kv_blocks,
         kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
         torch_threads=threads,
+        quantization=quantization,
     )
 
 
@@ -70,16 +75,18 @@ def start_ranks(
     hf_config,
     device: str,
     pooling: PoolingSpec | None = None,
+    *,
+    quantization: str | None = None,
+    dtype: str | None = None,
 ) -> TensorParallelRunner:
     """Check that `hf_config` splits over `model.tensor_parallel_size` ranks (a
     one-line `TensorParallelError` if not, before anything starts), then start
-    the ranks and return their runner once every one has loaded its slice; it
-    serves embeddings pooled as `pooling` says (None: none)."""
+    the ranks and return their runner once every one has loaded its slice in
+    `dtype` (None: `model.dtype`) on weight path `quantization` (decided by
+    `quantization.sharded_quantization`); it serves embeddings pooled as
+    `pooling` says (None: none)."""
     size = model.tensor_parallel_size
     ShardPlan.for_config(hf_config, size)
-    # "auto" (the default) means unquantized here: the slices are float.
-    if model.quantization not in (None, "none", "auto"):
-        raise TensorParallelError("weight-only quantization runs with a tensor-parallel size of 1 only")
     init_method, local = rendezvous(size)
     if device == "cuda":
         import torch
@@ -89,7 +96,15 @@ def start_ranks(
                 f"{local} tensor-parallel ranks on this machine need {local} GPUs; it has "
                 f"{torch.cuda.device_count()}"
             )
-    spec = rank_spec(model, engine, init_method=init_method, device=device, local_ranks=local)
+    spec = rank_spec(
+        model,
+        engine,
+        init_method=init_method,
+        device=device,
+        local_ranks=local,
+        quantization=quantization,
+        dtype=dtype,
+    )
     return TensorParallelRunner(
         spec, local_ranks=local, step_timeout=engine.step_timeout, pooling=pooling
     )

@@ -40,7 +40,12 @@ class RankSpec:
     rank by its local rank). The KV cache is `num_blocks` blocks when given, else
     what fits `kv_cache_bytes` on each rank (all ranks then take the smallest
     count). `torch_threads` caps each rank's intra-op threads (None: torch's
-    default)."""
+    default). `quantization` is the linear slices' weight path (None, "int8" or
+    "int4"), decided once for the split model (`quantization.py`).
+
+    Rank 0's `quantization` and checkpoint dtype are the ones every rank uses (see
+    `rank.py`): a rank started on another machine from the server's flags would
+    otherwise decide "auto" by its own CPU."""
 
     world_size: int
     init_method: str
@@ -51,6 +56,7 @@ class RankSpec:
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     torch_threads: int | None = None
+    quantization: str | None = None
 
 
 @attrs.frozen

@@ -88,6 +88,7 @@ def run_rank(spec: RankSpec, rank: int, *, local_rank: int, commands: Connection
         cpu_group = (
             dist.new_group(backend="gloo", timeout=GROUP_TIMEOUT) if device.type == "cuda" else None
         )
+        spec = _with_rank0_decisions(spec, cpu_group)
         shard = _build_shard(spec, rank, device, cpu_group)
         if commands is not None:
             commands.send(Ready(num_blocks=shard.num_blocks, block_size=spec.block_size))
@@ -104,6 +105,23 @@ def run_rank(spec: RankSpec, rank: int, *, local_rank: int, commands: Connection
         os._exit(1)  # a collective of another thread may still hold this process
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _with_rank0_decisions(spec: RankSpec, cpu_group) -> RankSpec:
+    """`spec` with rank 0's weight path and checkpoint dtype. A rank started on
+    another machine built its spec from the server's flags ("auto" for both) and
+    would decide them by its own CPU; ranks whose slices differ in either would
+    sum partial products of two different models, without an error."""
+    source = spec.source
+    decided: list[Any] = [
+        spec.quantization,
+        source.dtype if isinstance(source, CheckpointSource) else None,
+    ]
+    dist.broadcast_object_list(decided, src=0, group=cpu_group)
+    quantization, dtype = decided
+    if isinstance(source, CheckpointSource) and dtype is not None:
+        source = attrs.evolve(source, dtype=dtype)
+    return attrs.evolve(spec, quantization=quantization, source=source)
 
 
 def _build_shard(spec: RankSpec, rank: int, device: torch.device, cpu_group) -> ShardRunner:
@@ -137,6 +155,7 @@ def _build_shard(spec: RankSpec, rank: int, device: torch.device, cpu_group) -> 
         kv_cache_bytes=spec.kv_cache_bytes,
         attention=select_attention_backend(spec.attention_backend, device.type),
         cpu_group=cpu_group,
+        quantization=spec.quantization,
     )
     del state_dict  # this rank keeps only its slices
     return shard

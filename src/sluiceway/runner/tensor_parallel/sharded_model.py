@@ -5,8 +5,8 @@ with the three seams that make the slices one model: the embedding and the
 row-parallel projections are summed over ranks (all-reduce), and rank 0
 gathers every rank's slice of the logits. The fused one-token C step is off: it
 runs every layer in one call, with nowhere to reduce between them. Weight-only
-quantization is not offered (a row-parallel slice would get other scales than
-the whole row has on one device).
+quantization quantizes each slice with the one-device `Linear`, a row-parallel
+int8 slice on its whole rows' scales (`tensor_parallel/quantization.py`).
 """
 
 from __future__ import annotations
@@ -43,12 +43,17 @@ class ShardedDecoderModel(DecoderModel):
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         group: dist.ProcessGroup | None = None,
+        quantization: str | None = None,
     ) -> None:
         # The views come from the whole model's config: where a fused checkpoint
         # tensor's parts begin depends on the whole head counts.
         views = family_for(config).weight_views(config, state_dict)
         super().__init__(
-            plan.local_config(config), plan.shard(views, state_dict), dtype=dtype, device=device
+            plan.local_config(config),
+            plan.shard(views, state_dict, row_absmax=quantization == "int8"),
+            dtype=dtype,
+            device=device,
+            quantization=quantization,
         )
         self.plan = plan
         self.group = group
@@ -88,7 +93,8 @@ class ShardRunner:
     counterpart of `TorchModelRunner` without sampling (rank 0 samples) and
     without decode graphs. The KV cache holds `num_blocks` blocks when given,
     else as many as fit `kv_cache_bytes` on every rank (the smallest count is
-    agreed over `cpu_group`, which must be a gloo group)."""
+    agreed over `cpu_group`, which must be a gloo group). `quantization` is the
+    weight path of every rank's linear slices (None, "int8" or "int4"; CPU only)."""
 
     def __init__(
         self,
@@ -104,10 +110,17 @@ class ShardRunner:
         attention: Callable[[KVCache], AttentionBackend] | None = None,
         group: dist.ProcessGroup | None = None,
         cpu_group: dist.ProcessGroup | None = None,
+        quantization: str | None = None,
     ) -> None:
         self.device = device
         self.model = ShardedDecoderModel(
-            hf_config, state_dict, plan, dtype=dtype, device=device, group=group
+            hf_config,
+            state_dict,
+            plan,
+            dtype=dtype,
+            device=device,
+            group=group,
+            quantization=quantization,
         )
 
         def smallest_over_ranks(count: int) -> int:

@@ -129,13 +129,46 @@ class ShardPlan:
         return local
 
     def shard(
-        self, views: Mapping[str, WeightView], state_dict: Mapping[str, Any]
+        self,
+        views: Mapping[str, WeightView],
+        state_dict: Mapping[str, Any],
+        *,
+        row_absmax: bool = False,
     ) -> dict[str, torch.Tensor]:
         """This rank's slices of the canonical weights `views` of `state_dict`
         (copies, so the whole can be freed). A value of `state_dict` may be a tensor
         or anything indexed like one (`checkpoint.LazyWeight`: then only the slices
-        are read)."""
-        return {name: self._slice(name, view, state_dict) for name, view in views.items()}
+        are read). With `row_absmax`, each row-parallel weight also gets its whole
+        rows' largest |weight| (`<name>.row_absmax`, see `models/weights.py`): int8
+        scales its slice by them, as one device scales the whole rows; a rank then
+        reads those weights whole, one at a time."""
+        sliced = {name: self._slice(name, view, state_dict) for name, view in views.items()}
+        if row_absmax:
+            for name, view in views.items():
+                if role_of(name) is Role.ROW_PARALLEL and not is_bias(name):
+                    whole = view.read(state_dict)
+                    key = f"{name.removesuffix('.weight')}.row_absmax"
+                    sliced[key] = whole.abs().amax(dim=1).contiguous()
+        return sliced
+
+    def linear_slices(self, config) -> dict[str, tuple[int, int]]:
+        """`(output, input features)` of this rank's slice of each kind of linear
+        weight of `config`'s layers (as `Linear` gets them: q/k/v and gate/up
+        fused), by a name for messages. Every rank's slices have these shapes."""
+        hidden, d = config.hidden_size, self.head_dim
+        shapes = {
+            "q/k/v": ((self.local_heads + 2 * self.local_kv_heads) * d, hidden),
+            "o": (hidden, self.local_heads * d),
+        }
+        arch = family_for(config).architecture(config)
+        if not all(arch.is_moe(i) for i in range(arch.shape.num_layers)):
+            shapes["gate/up"] = (2 * self.local_intermediate, hidden)
+            shapes["down"] = (hidden, self.local_intermediate)
+        if self.expert_intermediate_size is not None:
+            width = self.expert_intermediate_size // self.world_size
+            shapes["expert gate/up"] = (2 * width, hidden)
+            shapes["expert down"] = (hidden, width)
+        return shapes
 
     def _slice(self, name: str, view: WeightView, state_dict: Mapping[str, Any]) -> torch.Tensor:
         d, i = self.head_dim, self.local_intermediate
