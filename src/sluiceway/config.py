@@ -113,10 +113,13 @@ class ModelConfig:
 
 @attrs.frozen
 class KeyBudget:
-    """One API key's budget a minute (None: unlimited); see `api/rate_limits.py`."""
+    """One API key's budget a minute (None: unlimited); see `api/rate_limits.py`.
+    Keys of one `project` share their stored objects (`api/owners.py`), not their
+    budgets."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    project: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -359,6 +359,6 @@ async def test_a_drain_stops_the_lines_in_flight_and_leaves_them_pending(
                 await server.state.wait_idle()  # at once, not after the grace period
             runner.open()
             await engine.wait_idle()
-            stored = server.state.batch_runner.store.batch(batch.id)
+            stored = server.state.batch_runner.store.batch(batch.id, owner=None)
     assert stored.status == "in_progress" and stored.request_counts.completed == 0
     assert len(server.state.batch_runner.store.pending_lines(batch.id)) == 4

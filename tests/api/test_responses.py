@@ -332,24 +332,29 @@ def test_a_store_keeps_the_most_recently_used(tmp_path: Any, kind: str) -> None:
     store = (
         MemoryResponseStore(2) if kind == "memory" else SqliteResponseStore(tmp_path / "r.db", 2)
     )
-    store.put(_entry("a"))
-    store.put(_entry("b"))
-    assert store.get("a") is not None  # a is now the more recent
-    store.put(_entry("c"))
-    assert store.get("b") is None and store.get("a") == _entry("a") and store.get("c") is not None
-    assert store.delete("a") and not store.delete("a") and store.get("a") is None
+
+    def get(response_id: str) -> StoredResponse | None:
+        return store.get(response_id, owner=None)
+
+    store.put(_entry("a"), owner=None)
+    store.put(_entry("b"), owner=None)
+    assert get("a") is not None  # a is now the more recent
+    store.put(_entry("c"), owner=None)
+    assert get("b") is None and get("a") == _entry("a") and get("c") is not None
+    assert store.delete("a", owner=None) and not store.delete("a", owner=None)
+    assert get("a") is None
 
 
 def test_the_sqlite_store_outlives_its_process_and_fails_what_it_left_running(
     tmp_path: Any,
 ) -> None:
     store = SqliteResponseStore(tmp_path / "r.db")
-    store.put(_entry("done"))
-    store.put(_entry("running", status="in_progress"))
+    store.put(_entry("done"), owner=None)
+    store.put(_entry("running", status="in_progress"), owner=None)
     store.close()
     again = SqliteResponseStore(tmp_path / "r.db")
-    assert again.get("done") == _entry("done")
-    running = again.get("running")
+    assert again.get("done", owner=None) == _entry("done")
+    running = again.get("running", owner=None)
     assert running is not None and running.response.status == "failed"
     assert running.response.error is not None
     assert running.response.error.code == "server_restarted"
@@ -789,8 +794,8 @@ def test_a_store_keeps_a_responses_input_items(tmp_path: Any, kind: str) -> None
     store = MemoryResponseStore() if kind == "memory" else SqliteResponseStore(tmp_path / "r.db")
     items = ({"type": "message", "id": "msg_1", "role": "user", "content": []},)
     entry = attrs.evolve(_entry("a"), input_items=items)
-    store.put(entry)
-    assert store.get("a") == entry
+    store.put(entry, owner=None)
+    assert store.get("a", owner=None) == entry
 
 
 def test_the_sqlite_store_opens_a_file_from_before_input_items_were_kept(tmp_path: Any) -> None:
@@ -808,9 +813,9 @@ def test_the_sqlite_store_opens_a_file_from_before_input_items_were_kept(tmp_pat
     old.commit()
     old.close()
     store = SqliteResponseStore(path)
-    kept = store.get("old")
+    kept = store.get("old", owner=None)
     assert kept is not None and kept.conversation == entry.conversation
     assert kept.input_items == ()
     newer = attrs.evolve(_entry("new"), input_items=({"type": "message", "id": "msg_1"},))
-    store.put(newer)
-    assert store.get("new") == newer
+    store.put(newer, owner=None)
+    assert store.get("new", owner=None) == newer

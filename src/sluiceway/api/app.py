@@ -21,6 +21,7 @@ from sluiceway.api.batch_store import BatchStore
 from sluiceway.api.formatting import TokenText
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.metrics import Metrics
+from sluiceway.api.owners import Owner
 from sluiceway.api.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
 from sluiceway.api.request_body import LimitedRequest
 from sluiceway.api.response_store import SqliteResponseStore
@@ -135,6 +136,7 @@ def _install_hooks(app: SluicewayApp, config: ServerConfig, state: ServerState) 
         if not _key_ok(header, keys):
             return _error_response(errors.unauthorized())
         key = (header or "").partition(" ")[2].strip()
+        g.owner = Owner.of_key(key, config.api_key_budgets)
         if key in config.api_key_budgets:
             g.budgeted_key = key
             if request.method == "POST" and request.path in BUDGETED_PATHS:

@@ -8,6 +8,8 @@ pending, and so does its batch: a restart on the same `--batch-store` file
 resumes it with the lines that have no result. A full queue (429) is waited
 out. Every other answer, success or error, is the line's result. Cancelling a
 batch aborts its lines in flight; the lines done by then make its output.
+Lines run on behalf of the batch's owner: its output and error files are that
+owner's (`BatchStore.close_batch`), whichever process finishes it.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class BatchRunner:
                     self.idle.set()
 
     async def _run_batch(self, batch_id: str) -> None:
-        batch = self.store.batch(batch_id)
+        batch = self.store.batch(batch_id, owner=None)  # the server's own work
         if batch is None or batch.status not in UNFINISHED or self._paused:
             return  # gone, cancelled while queued, or left for the next process
         if batch.status == "validating":
@@ -125,7 +127,7 @@ class BatchRunner:
     def _close(self, batch_id: str) -> Batch:
         """Ends a batch: cancelled when it was cancelling, else completed; its
         output and error files written. Returns it as stored."""
-        batch = self.store.batch(batch_id)
+        batch = self.store.batch(batch_id, owner=None)
         assert batch is not None
         now = int(time.time())
         if batch.status == "cancelling":

@@ -4,7 +4,14 @@ statement, so after a restart every line has either its one result or none (it
 runs again); none is lost and none is answered twice. In memory by default;
 with `--batch-store PATH` in a file, so that batches resume after a restart.
 Each call is one short statement or transaction on the caller's thread (the
-event loop's)."""
+event loop's).
+
+Files and batches record their owner (`owners.py`); the calls a request makes
+take the owner it acts for and see only that owner's (None: every one). A
+batch's output and error files are its owner's. A file from before owners were
+recorded opens with its files and batches owned by no one: visible only while
+no keys are configured, since nothing says whose they were; its unfinished
+batches still resume."""
 
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import Literal
 
 import attrs
 
+from sluiceway.api.owners import VISIBLE_TO, Owner, OwnerHash
 from sluiceway.protocol.batches import Batch, BatchRequestCounts, FileObject
 
 LineStatus = Literal["pending", "completed", "failed"]
@@ -25,9 +33,9 @@ UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL,"
-    " purpose TEXT NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL)",
+    " purpose TEXT NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL, owner TEXT)",
     "CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL,"
-    " batch TEXT NOT NULL)",
+    " batch TEXT NOT NULL, owner TEXT)",
     "CREATE TABLE IF NOT EXISTS batch_lines (batch_id TEXT NOT NULL, line INTEGER NOT NULL,"
     " custom_id TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL, result TEXT,"
     " PRIMARY KEY (batch_id, line))",
@@ -52,13 +60,25 @@ class BatchStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         for statement in _SCHEMA:
             self._db.execute(statement)
+        for table in ("files", "batches"):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if "owner" not in columns:  # a file written before owners were recorded
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+        self._hash = OwnerHash.kept_in(self._db)
 
     def close(self) -> None:
         self._db.close()
 
     # ---- files ----------------------------------------------------------------
 
-    def add_file(self, filename: str, purpose: str, content: bytes) -> FileObject:
+    def add_file(
+        self, filename: str, purpose: str, content: bytes, *, owner: Owner | None
+    ) -> FileObject:
+        return self._add_file(filename, purpose, content, self._hash(owner))
+
+    def _add_file(
+        self, filename: str, purpose: str, content: bytes, owner_hash: str | None
+    ) -> FileObject:
         file = FileObject(
             id=f"file-{uuid.uuid4().hex}",
             bytes=len(content),
@@ -67,41 +87,55 @@ class BatchStore:
             purpose=purpose,
         )
         self._db.execute(
-            "INSERT INTO files VALUES (?, ?, ?, ?, ?)",
-            (file.id, filename, purpose, file.created_at, content),
+            "INSERT INTO files (id, filename, purpose, created_at, content, owner)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (file.id, filename, purpose, file.created_at, content, owner_hash),
         )
         return file
 
-    def file(self, file_id: str) -> FileObject | None:
+    def file(self, file_id: str, *, owner: Owner | None) -> FileObject | None:
         row = self._db.execute(
-            "SELECT id, length(content), created_at, filename, purpose FROM files WHERE id = ?",
-            (file_id,),
+            "SELECT id, length(content), created_at, filename, purpose FROM files"
+            f" WHERE id = ? AND {VISIBLE_TO}",
+            (file_id, *self._visible_to(owner)),
         ).fetchone()
         return None if row is None else FileObject(*row)
 
-    def files(self, purpose: str | None = None) -> list[FileObject]:
+    def files(self, purpose: str | None = None, *, owner: Owner | None) -> list[FileObject]:
         rows = self._db.execute(
             "SELECT id, length(content), created_at, filename, purpose FROM files"
-            " WHERE ? IS NULL OR purpose = ? ORDER BY created_at, rowid",
-            (purpose, purpose),
+            f" WHERE (? IS NULL OR purpose = ?) AND {VISIBLE_TO} ORDER BY created_at, rowid",
+            (purpose, purpose, *self._visible_to(owner)),
         ).fetchall()
         return [FileObject(*row) for row in rows]
 
-    def file_content(self, file_id: str) -> bytes | None:
-        row = self._db.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
+    def file_content(self, file_id: str, *, owner: Owner | None) -> bytes | None:
+        row = self._db.execute(
+            f"SELECT content FROM files WHERE id = ? AND {VISIBLE_TO}",
+            (file_id, *self._visible_to(owner)),
+        ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def delete_file(self, file_id: str) -> bool:
-        return self._db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount > 0
+    def delete_file(self, file_id: str, *, owner: Owner | None) -> bool:
+        deleted = self._db.execute(
+            f"DELETE FROM files WHERE id = ? AND {VISIBLE_TO}",
+            (file_id, *self._visible_to(owner)),
+        )
+        return deleted.rowcount > 0
+
+    def _visible_to(self, owner: Owner | None) -> tuple[str | None, str | None]:
+        hashed = self._hash(owner)
+        return hashed, hashed
 
     # ---- batches --------------------------------------------------------------
 
-    def add_batch(self, batch: Batch, lines: Sequence[BatchLine]) -> None:
-        """Stores a new batch and its lines (all pending), in one transaction."""
+    def add_batch(self, batch: Batch, lines: Sequence[BatchLine], *, owner: Owner | None) -> None:
+        """Stores a new batch of `owner`'s and its lines (all pending), in one
+        transaction."""
         with self._transaction():
             self._db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?)",
-                (batch.id, batch.created_at, json.dumps(batch.to_dict())),
+                "INSERT INTO batches (id, created_at, batch, owner) VALUES (?, ?, ?, ?)",
+                (batch.id, batch.created_at, json.dumps(batch.to_dict()), self._hash(owner)),
             )
             self._db.executemany(
                 "INSERT INTO batch_lines VALUES (?, ?, ?, ?, 'pending', NULL)",
@@ -114,22 +148,28 @@ class BatchStore:
             "UPDATE batches SET batch = ? WHERE id = ?", (json.dumps(batch.to_dict()), batch.id)
         )
 
-    def batch(self, batch_id: str) -> Batch | None:
-        row = self._db.execute("SELECT batch FROM batches WHERE id = ?", (batch_id,)).fetchone()
+    def batch(self, batch_id: str, *, owner: Owner | None) -> Batch | None:
+        row = self._db.execute(
+            f"SELECT batch FROM batches WHERE id = ? AND {VISIBLE_TO}",
+            (batch_id, *self._visible_to(owner)),
+        ).fetchone()
         if row is None:
             return None
         return attrs.evolve(
             Batch.from_dict(json.loads(row[0])), request_counts=self._counts(batch_id)
         )
 
-    def batches(self, limit: int, after: str | None = None) -> list[Batch]:
-        """Newest first; `after` an id: those older than it."""
+    def batches(self, limit: int, after: str | None = None, *, owner: Owner | None) -> list[Batch]:
+        """`owner`'s, newest first; `after` an id of theirs: those older than it
+        (another owner's id finds none, as an unknown id does)."""
+        visible = self._visible_to(owner)
         rows = self._db.execute(
-            "SELECT id FROM batches WHERE ? IS NULL OR rowid < (SELECT rowid FROM batches WHERE id = ?)"
+            f"SELECT id FROM batches WHERE {VISIBLE_TO} AND (? IS NULL OR rowid <"
+            f" (SELECT rowid FROM batches WHERE id = ? AND {VISIBLE_TO}))"
             " ORDER BY rowid DESC LIMIT ?",
-            (after, after, limit),
+            (*visible, after, after, *visible, limit),
         ).fetchall()
-        return [b for (batch_id,) in rows if (b := self.batch(batch_id)) is not None]
+        return [b for (batch_id,) in rows if (b := self.batch(batch_id, owner=None)) is not None]
 
     def unfinished(self) -> list[str]:
         """The batches a process left running, oldest first."""
@@ -158,23 +198,32 @@ class BatchStore:
 
     def close_batch(self, batch: Batch, output_name: str) -> Batch:
         """Writes the output file (completed lines) and the error file (failed
-        lines) of a finished `batch` and stores it with their ids, in one
-        transaction, so a restart never finds half of it; returns it as stored."""
+        lines) of a finished `batch`, its owner's, and stores it with their ids, in
+        one transaction, so a restart never finds half of it; returns it as stored."""
         with self._transaction():
-            output = self._results_file(batch.id, "completed", f"{output_name}_output.jsonl")
-            errors = self._results_file(batch.id, "failed", f"{output_name}_errors.jsonl")
+            (owner_hash,) = self._db.execute(
+                "SELECT owner FROM batches WHERE id = ?", (batch.id,)
+            ).fetchone()
+            output = self._results_file(
+                batch.id, "completed", f"{output_name}_output.jsonl", owner_hash
+            )
+            errors = self._results_file(
+                batch.id, "failed", f"{output_name}_errors.jsonl", owner_hash
+            )
             batch = attrs.evolve(batch, output_file_id=output, error_file_id=errors)
             self.put_batch(batch)
         return attrs.evolve(batch, request_counts=self._counts(batch.id))
 
-    def _results_file(self, batch_id: str, status: LineStatus, filename: str) -> str | None:
+    def _results_file(
+        self, batch_id: str, status: LineStatus, filename: str, owner_hash: str | None
+    ) -> str | None:
         """A `batch_output` file of the results of the lines with `status` (JSONL);
         its id, or None when there are none."""
         results = self.results(batch_id, status)
         if not results:
             return None
         content = "".join(r + "\n" for r in results).encode("utf-8")
-        return self.add_file(filename, "batch_output", content).id
+        return self._add_file(filename, "batch_output", content, owner_hash).id
 
     def results(self, batch_id: str, status: LineStatus) -> list[str]:
         """The results of the lines with `status`, in input order."""

@@ -11,8 +11,9 @@ runs, as OpenAI estimates). Over budget is a 429 `rate_limit_exceeded` with
 headers. Time is trio's clock, so tests run it on a `MockClock`.
 
 The file is JSON: `{"keys": {"KEY": {"requests_per_minute": 60,
-"tokens_per_minute": 40000}}}`; either budget may be left out (unlimited), and
-every key in it is an accepted key.
+"tokens_per_minute": 40000, "project": "team-a"}}}`; either budget may be left
+out (unlimited), and every key in it is an accepted key. Keys with the same
+`project` share their files, batches and stored responses (`owners.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def load_key_budgets(path: str | Path) -> dict[str, KeyBudget]:
         for key, fields in keys.items():
             budget = KeyBudget(**fields)
             for name, value in attrs.asdict(budget).items():
-                if value is not None and (not isinstance(value, int) or value < 1):
+                if name == "project":
+                    if value is not None and (not isinstance(value, str) or not value):
+                        raise ValueError(f"keys.{key}.project must be a non-empty string")
+                elif value is not None and (not isinstance(value, int) or value < 1):
                     raise ValueError(f"keys.{key}.{name} must be a positive integer")
             budgets[str(key)] = budget
         return budgets

@@ -3,7 +3,12 @@
 and the conversation a later `previous_response_id` continues. Bounded: past
 `capacity` responses the least recently used goes first. In memory by default
 (`MemoryResponseStore`); in a SQLite file with `--response-store PATH`
-(`SqliteResponseStore`), so they outlive a restart."""
+(`SqliteResponseStore`), so they outlive a restart.
+
+Each entry records its owner (`owners.py`): every call takes the owner the
+request acts for, and another owner's entry is as good as missing. A file from
+before owners were recorded opens with its entries owned by no one: visible
+only while no keys are configured, since nothing says whose they were."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typing import Any, Protocol
 import attrs
 
 from sluiceway import protocol
+from sluiceway.api.owners import VISIBLE_TO, Owner, OwnerHash
 from sluiceway.protocol.responses import ResponseError
 
 
@@ -31,39 +37,54 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
-    def get(self, response_id: str) -> StoredResponse | None:
-        """The entry (None: not stored, deleted, or evicted); counts as a use."""
+    """`owner` None sees every entry and stores one owned by no one (no keys are
+    configured); an owner sees only its own."""
+
+    def get(self, response_id: str, *, owner: Owner | None) -> StoredResponse | None:
+        """The entry (None: not stored, deleted, evicted, or another owner's); counts
+        as a use."""
         ...
 
-    def put(self, entry: StoredResponse) -> None:
-        """Stores or replaces the entry of `entry.response.id`; may evict the least
-        recently used one."""
+    def put(self, entry: StoredResponse, *, owner: Owner | None) -> None:
+        """Stores or replaces the entry of `entry.response.id`, owned by `owner`; may
+        evict the least recently used one."""
         ...
 
-    def delete(self, response_id: str) -> bool:
-        """Whether there was an entry to delete."""
+    def delete(self, response_id: str, *, owner: Owner | None) -> bool:
+        """Whether there was an entry of `owner`'s to delete."""
         ...
 
 
 class MemoryResponseStore:
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        # Each entry beside its owner's hash (None: no one's).
+        self._entries: OrderedDict[str, tuple[str | None, StoredResponse]] = OrderedDict()
+        self._hash = OwnerHash()
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        entry = self._entries.get(response_id)
+    def _visible(self, response_id: str, owner: Owner | None) -> StoredResponse | None:
+        found = self._entries.get(response_id)
+        if found is None or (owner is not None and found[0] != self._hash(owner)):
+            return None
+        return found[1]
+
+    def get(self, response_id: str, *, owner: Owner | None) -> StoredResponse | None:
+        entry = self._visible(response_id, owner)
         if entry is not None:
             self._entries.move_to_end(response_id)
         return entry
 
-    def put(self, entry: StoredResponse) -> None:
-        self._entries[entry.response.id] = entry
+    def put(self, entry: StoredResponse, *, owner: Owner | None) -> None:
+        self._entries[entry.response.id] = (self._hash(owner), entry)
         self._entries.move_to_end(entry.response.id)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def delete(self, response_id: str) -> bool:
-        return self._entries.pop(response_id, None) is not None
+    def delete(self, response_id: str, *, owner: Owner | None) -> bool:
+        if self._visible(response_id, owner) is None:
+            return False
+        del self._entries[response_id]
+        return True
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -85,35 +106,40 @@ class SqliteResponseStore:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, response TEXT NOT NULL,"
             " conversation TEXT NOT NULL, used INTEGER NOT NULL,"
-            " input_items TEXT NOT NULL DEFAULT '[]')"
+            " input_items TEXT NOT NULL DEFAULT '[]', owner TEXT)"
         )
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
         if "input_items" not in columns:  # a file written before input items were kept
             self._db.execute(
                 "ALTER TABLE responses ADD COLUMN input_items TEXT NOT NULL DEFAULT '[]'"
             )
+        if "owner" not in columns:  # a file written before owners were recorded
+            self._db.execute("ALTER TABLE responses ADD COLUMN owner TEXT")
+        self._hash = OwnerHash.kept_in(self._db)
         self._clock = self._db.execute("SELECT COALESCE(MAX(used), 0) FROM responses").fetchone()[0]
+        error = ResponseError("server_restarted", "The server restarted.")
         for response_id, text in self._db.execute(
             "SELECT id, response FROM responses WHERE json_extract(response, '$.status') IN (?, ?)",
             _UNFINISHED,
         ).fetchall():
-            entry = self.get(response_id)
-            assert entry is not None, text
-            error = ResponseError("server_restarted", "The server restarted.")
-            self.put(
-                attrs.evolve(
-                    entry, response=attrs.evolve(entry.response, status="failed", error=error)
-                )
+            failed = attrs.evolve(
+                protocol.Response.from_dict(json.loads(text)), status="failed", error=error
+            )
+            self._db.execute(
+                "UPDATE responses SET response = ? WHERE id = ?",
+                (json.dumps(failed.to_dict()), response_id),
             )
 
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    def get(self, response_id: str, *, owner: Owner | None) -> StoredResponse | None:
+        hashed = self._hash(owner)
         row = self._db.execute(
-            "SELECT response, conversation, input_items FROM responses WHERE id = ?",
-            (response_id,),
+            "SELECT response, conversation, input_items FROM responses"
+            f" WHERE id = ? AND {VISIBLE_TO}",
+            (response_id, hashed, hashed),
         ).fetchone()
         if row is None:
             return None
@@ -121,16 +147,17 @@ class SqliteResponseStore:
         response = protocol.Response.from_dict(json.loads(row[0]))
         return StoredResponse(response, tuple(json.loads(row[1])), tuple(json.loads(row[2])))
 
-    def put(self, entry: StoredResponse) -> None:
+    def put(self, entry: StoredResponse, *, owner: Owner | None) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO responses (id, response, conversation, used, input_items)"
-            " VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO responses"
+            " (id, response, conversation, used, input_items, owner) VALUES (?, ?, ?, ?, ?, ?)",
             (
                 entry.response.id,
                 json.dumps(entry.response.to_dict()),
                 json.dumps(entry.conversation),
                 self._tick(),
                 json.dumps(entry.input_items),
+                self._hash(owner),
             ),
         )
         self._db.execute(
@@ -139,8 +166,15 @@ class SqliteResponseStore:
             (self.capacity,),
         )
 
-    def delete(self, response_id: str) -> bool:
-        return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+    def delete(self, response_id: str, *, owner: Owner | None) -> bool:
+        hashed = self._hash(owner)
+        return (
+            self._db.execute(
+                f"DELETE FROM responses WHERE id = ? AND {VISIBLE_TO}",
+                (response_id, hashed, hashed),
+            ).rowcount
+            > 0
+        )
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]

@@ -4,7 +4,10 @@
 
 A batch's lines are checked when it is created (a file with a bad line makes a
 `failed` batch that lists what is wrong, as OpenAI's does); its requests then
-run in the server's `BatchRunner`, at background priority."""
+run in the server's `BatchRunner`, at background priority.
+
+Files and batches are their creator's (`owners.py`): another key's lists leave
+them out, and its every call naming one gets the 404 of an unknown id."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from sluiceway.api.batch_input import read_lines
 from sluiceway.api.batch_runner import BatchRunner
 from sluiceway.api.batch_store import UNFINISHED
 from sluiceway.api.json_body import json_response
+from sluiceway.api.owners import current_owner
 from sluiceway.api.state import current_state
 from sluiceway.protocol.batches import (
     BATCH_ENDPOINTS,
@@ -46,14 +50,14 @@ def _runner() -> BatchRunner:
 
 
 def _file(file_id: str) -> FileObject:
-    file = _runner().store.file(file_id)
+    file = _runner().store.file(file_id, owner=current_owner())
     if file is None:
         raise errors.not_found("file", file_id, "file_id")
     return file
 
 
 def _batch(batch_id: str) -> Batch:
-    batch = _runner().store.batch(batch_id)
+    batch = _runner().store.batch(batch_id, owner=current_owner())
     if batch is None:
         raise errors.not_found("batch", batch_id, "batch_id")
     return batch
@@ -78,13 +82,15 @@ async def upload_file() -> Response:
     if upload is None:
         raise errors.invalid_request("The upload has no 'file' part.", "file")
     content = upload.read()
-    file = _runner().store.add_file(upload.filename or "upload.jsonl", purpose, content)
+    file = _runner().store.add_file(
+        upload.filename or "upload.jsonl", purpose, content, owner=current_owner()
+    )
     return json_response(file.to_dict())
 
 
 @blueprint.get("/v1/files")
 async def list_files() -> Response:
-    files = _runner().store.files(request.args.get("purpose"))
+    files = _runner().store.files(request.args.get("purpose"), owner=current_owner())
     return json_response(FileList(files).to_dict())
 
 
@@ -95,7 +101,7 @@ async def get_file(file_id: str) -> Response:
 
 @blueprint.get("/v1/files/<file_id>/content")
 async def get_file_content(file_id: str) -> Response:
-    content = _runner().store.file_content(file_id)
+    content = _runner().store.file_content(file_id, owner=current_owner())
     if content is None:
         raise errors.not_found("file", file_id, "file_id")
     return Response(content, content_type="application/octet-stream")
@@ -103,7 +109,7 @@ async def get_file_content(file_id: str) -> Response:
 
 @blueprint.delete("/v1/files/<file_id>")
 async def delete_file(file_id: str) -> Response:
-    if not _runner().store.delete_file(file_id):
+    if not _runner().store.delete_file(file_id, owner=current_owner()):
         raise errors.not_found("file", file_id, "file_id")
     return json_response(FileDeleted(file_id).to_dict())
 
@@ -121,14 +127,15 @@ async def create_batch() -> Response:
         )
     if req.completion_window != "24h":
         raise errors.invalid_request("The completion_window must be '24h'.", "completion_window")
-    file = runner.store.file(req.input_file_id)
+    owner = current_owner()
+    file = runner.store.file(req.input_file_id, owner=owner)
     if file is None:
         raise errors.not_found("file", req.input_file_id, "input_file_id")
     if file.purpose != "batch":
         raise errors.invalid_request(
             f"The file {file.id} has purpose '{file.purpose}', not 'batch'.", "input_file_id"
         )
-    content = runner.store.file_content(file.id) or b""
+    content = runner.store.file_content(file.id, owner=owner) or b""
     if len(content) > _INLINE_FILE_BYTES:
         lines, problems = await trio.to_thread.run_sync(read_lines, content, req.endpoint)
     else:
@@ -146,10 +153,10 @@ async def create_batch() -> Response:
     if problems:
         batch = attrs.evolve(batch, status="failed", failed_at=now, errors=BatchErrors(problems))
         lines = []
-    runner.store.add_batch(batch, lines)
+    runner.store.add_batch(batch, lines, owner=owner)
     if not problems:
         runner.submit(batch.id)
-    stored = runner.store.batch(batch.id)
+    stored = runner.store.batch(batch.id, owner=owner)
     assert stored is not None
     return json_response(stored.to_dict())
 
@@ -162,7 +169,7 @@ async def list_batches() -> Response:
         raise errors.invalid_request("limit must be a whole number.", "limit") from None
     if not 1 <= limit <= 100:
         raise errors.invalid_request("limit must be between 1 and 100.", "limit")
-    found = _runner().store.batches(limit + 1, request.args.get("after"))
+    found = _runner().store.batches(limit + 1, request.args.get("after"), owner=current_owner())
     page = found[:limit]
     body = BatchList(
         page,

@@ -3,6 +3,9 @@ in the background), `GET` and `DELETE /v1/responses/{id}`, `GET
 /v1/responses/{id}/input_items`, and `POST /v1/responses/{id}/cancel` for a
 background one.
 
+Every stored response is its creator's (`owners.py`): another key gets 404 from
+each of these, and from `previous_response_id`.
+
 A response is generated as one chat choice (`response_input` turns the request
 into the chat body, `response_output` the chat deltas into output items), so
 admission, cancellation, timeouts and disconnects behave as on the chat
@@ -30,6 +33,7 @@ from sluiceway.api.completion_shapes import ChatShape
 from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import encode_json, json_response
+from sluiceway.api.owners import Owner, current_owner
 from sluiceway.api.rate_limits import take_tokens
 from sluiceway.api.response_input import chat_body, chat_messages, input_items
 from sluiceway.api.response_output import ResponseOutput
@@ -66,6 +70,8 @@ class _Prepared:
     history: tuple[dict[str, Any], ...]
     own_messages: list[dict[str, Any]]
     input_items: tuple[dict[str, Any], ...]
+    # Who the response is stored for (None: no one, no keys configured).
+    owner: Owner | None
 
 
 @blueprint.post("/v1/responses")
@@ -79,11 +85,12 @@ async def create_response() -> Response:
     )
     if req.background and (req.store is False or state.background_nursery is None):
         raise errors.invalid_request("A background response must be stored.", "background")
+    owner = current_owner()
     history: tuple[dict[str, Any], ...] = ()
     if req.previous_response_id is not None:
-        stored = state.response_store.get(req.previous_response_id)
+        stored = state.response_store.get(req.previous_response_id, owner=owner)
         if stored is None:
-            raise errors.response_not_found(req.previous_response_id)
+            raise errors.not_found("response", req.previous_response_id, "previous_response_id")
         history = stored.conversation
     body = encode_json(chat_body(req, history)).encode("utf-8")
     chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
@@ -92,7 +99,7 @@ async def create_response() -> Response:
     chat = await with_grammar(state, chat)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
     prepared = _Prepared(
-        req, chat, ready, history, chat_messages(req.input), tuple(input_items(req.input))
+        req, chat, ready, history, chat_messages(req.input), tuple(input_items(req.input)), owner
     )
     run = RequestRun(state=state, prompts=ready, n=1, started_at=started)
     generation = _Generation(run, prepared)
@@ -113,7 +120,7 @@ async def get_response(response_id: str) -> Response:
     created streamed, from the one after `starting_after` (a sequence number),
     following it live while it runs."""
     state = current_state()
-    stored = state.response_store.get(response_id)
+    stored = state.response_store.get(response_id, owner=current_owner())
     if stored is None:
         raise errors.response_not_found(response_id)
     if request.args.get("stream") != "true":
@@ -174,7 +181,7 @@ async def list_input_items(response_id: str) -> Response:
             raise errors.invalid_request(
                 f"include {value!r} is not one of {', '.join(sorted(INCLUDABLE))}.", "include"
             )
-    stored = current_state().response_store.get(response_id)
+    stored = current_state().response_store.get(response_id, owner=current_owner())
     if stored is None:
         raise errors.response_not_found(response_id)
     items = list(stored.input_items if order == "asc" else reversed(stored.input_items))
@@ -201,7 +208,8 @@ async def cancel_response(response_id: str) -> Response:
     """Cancels a background response still running: its choice leaves the engine
     before this answers. A finished one is answered as it is."""
     state = current_state()
-    stored = state.response_store.get(response_id)
+    owner = current_owner()
+    stored = state.response_store.get(response_id, owner=owner)
     if stored is None:
         raise errors.response_not_found(response_id)
     if not stored.response.background:
@@ -210,13 +218,13 @@ async def cancel_response(response_id: str) -> Response:
     if running is not None:
         running.scope.cancel()
         await running.done.wait()
-        stored = state.response_store.get(response_id) or stored
+        stored = state.response_store.get(response_id, owner=owner) or stored
     return json_response(stored.response.to_dict())
 
 
 @blueprint.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
-    if not current_state().response_store.delete(response_id):
+    if not current_state().response_store.delete(response_id, owner=current_owner()):
         raise errors.response_not_found(response_id)
     return json_response(protocol.ResponseDeleted(response_id).to_dict())
 
@@ -284,7 +292,8 @@ class _Generation:
                 *chat_messages(items),
             )
             run.state.response_store.put(
-                StoredResponse(final, tuple(conversation), self.prepared.input_items)
+                StoredResponse(final, tuple(conversation), self.prepared.input_items),
+                owner=self.prepared.owner,
             )
         return final
 
@@ -316,7 +325,9 @@ class _Generation:
         assert state.background_nursery is not None
         queued = attrs.evolve(self.response, status="queued", background=True)
         self.response = attrs.evolve(queued, status="in_progress")
-        state.response_store.put(StoredResponse(queued, (), self.prepared.input_items))
+        state.response_store.put(
+            StoredResponse(queued, (), self.prepared.input_items), owner=self.prepared.owner
+        )
         running = state.background_runs[queued.id] = BackgroundRun(events=[] if streamed else None)
         if streamed:
             self.output = ResponseOutput(running.add_event)
@@ -347,7 +358,9 @@ class _Generation:
     def _store_ended(self, status: str, error: ResponseError | None) -> protocol.Response:
         """Stores the response ended without its output (failed or cancelled)."""
         ended = attrs.evolve(self.response, status=status, error=error, output=self.output.close())
-        self.run.state.response_store.put(StoredResponse(ended, (), self.prepared.input_items))
+        self.run.state.response_store.put(
+            StoredResponse(ended, (), self.prepared.input_items), owner=self.prepared.owner
+        )
         return ended
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
