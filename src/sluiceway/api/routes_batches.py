@@ -136,10 +136,11 @@ async def create_batch() -> Response:
             f"The file {file.id} has purpose '{file.purpose}', not 'batch'.", "input_file_id"
         )
     content = runner.store.file_content(file.id, owner=owner) or b""
+    limit = state.server_config.max_body_bytes
     if len(content) > _INLINE_FILE_BYTES:
-        lines, problems = await trio.to_thread.run_sync(read_lines, content, req.endpoint)
+        lines, problems = await trio.to_thread.run_sync(read_lines, content, req.endpoint, limit)
     else:
-        lines, problems = read_lines(content, req.endpoint)
+        lines, problems = read_lines(content, req.endpoint, limit)
     now = int(time.time())
     batch = Batch(
         id=f"batch_{uuid.uuid4().hex}",
