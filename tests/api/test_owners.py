@@ -118,7 +118,7 @@ async def test_another_keys_responses_are_not_found(
         assert_not_found(await b.post("/v1/responses", json=follow), "previous_response_id")
         # The owner still has every one of them.
         url = f"/v1/responses/{running}"
-        assert (await a.get(url)).json()["status"] == "queued"
+        assert (await a.get(url)).json()["status"] == "in_progress"
         assert (await a.post(url + "/cancel")).json()["status"] == "cancelled"
         replay = await a.get(url, params={"stream": "true"})
         assert replay.status_code == 200 and "response.queued" in replay.text

@@ -39,7 +39,7 @@ from sluiceway.api.response_input import chat_body, chat_messages, input_items
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import StoredResponse
 from sluiceway.api.routes_generation import chat_prompts, stream_response, with_grammar
-from sluiceway.api.state import BackgroundRun, current_state
+from sluiceway.api.state import BackgroundRun, ServerState, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import ChatRequest
 from sluiceway.engine.outputs import ChoiceDelta
@@ -88,10 +88,7 @@ async def create_response() -> Response:
     owner = current_owner()
     history: tuple[dict[str, Any], ...] = ()
     if req.previous_response_id is not None:
-        stored = state.response_store.get(req.previous_response_id, owner=owner)
-        if stored is None:
-            raise errors.not_found("response", req.previous_response_id, "previous_response_id")
-        history = stored.conversation
+        history = _history(state, req.previous_response_id, owner)
     body = encode_json(chat_body(req, history)).encode("utf-8")
     chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
     prompts.check_lengths(state, ready, chat.params.max_tokens, "input")
@@ -112,6 +109,26 @@ async def create_response() -> Response:
     if not req.stream:
         return json_response((await generation.complete()).to_dict())
     return await stream_response(generation.stream)
+
+
+def _history(
+    state: ServerState, response_id: str, owner: Owner | None
+) -> tuple[dict[str, Any], ...]:
+    """What a response continuing `response_id` puts before its own input: that
+    response's conversation, its input and whatever output it produced, also when
+    it failed, was cancelled or was cut short. One still queued or in progress has
+    no end to continue from yet: a 400 naming its state."""
+    stored = state.response_store.get(response_id, owner=owner)
+    if stored is None:
+        raise errors.not_found("response", response_id, "previous_response_id")
+    status = stored.response.status
+    if status in ("queued", "in_progress"):
+        raise errors.invalid_request(
+            f"The previous response '{response_id}' is still {status}: it can be continued "
+            "once it has ended (cancel it to continue from its output so far).",
+            "previous_response_id",
+        )
+    return stored.conversation
 
 
 @blueprint.get("/v1/responses/<response_id>")
@@ -285,17 +302,24 @@ class _Generation:
             incomplete_details=incomplete,
             error=error,
         )
-        if final.store and failure is None:
-            conversation = (
-                *self.prepared.history,
-                *self.prepared.own_messages,
-                *chat_messages(items),
-            )
-            run.state.response_store.put(
-                StoredResponse(final, tuple(conversation), self.prepared.input_items),
-                owner=self.prepared.owner,
-            )
+        if final.store:
+            self._store(final)
         return final
+
+    def _store(self, response: protocol.Response) -> None:
+        """Stores `response` in its state now, with the conversation a later
+        `previous_response_id` continues: its history, its input and the output it
+        has (none while queued or in progress; what it had when it failed or was
+        cancelled), so that an interrupted response continues from what it said."""
+        conversation = (
+            *self.prepared.history,
+            *self.prepared.own_messages,
+            *chat_messages(response.output),
+        )
+        self.run.state.response_store.put(
+            StoredResponse(response, conversation, self.prepared.input_items),
+            owner=self.prepared.owner,
+        )
 
     async def complete(self) -> protocol.Response:
         """The whole response; raises `APIError` as the chat endpoint does."""
@@ -325,9 +349,7 @@ class _Generation:
         assert state.background_nursery is not None
         queued = attrs.evolve(self.response, status="queued", background=True)
         self.response = attrs.evolve(queued, status="in_progress")
-        state.response_store.put(
-            StoredResponse(queued, (), self.prepared.input_items), owner=self.prepared.owner
-        )
+        self._store(queued)
         running = state.background_runs[queued.id] = BackgroundRun(events=[] if streamed else None)
         if streamed:
             self.output = ResponseOutput(running.add_event)
@@ -341,6 +363,7 @@ class _Generation:
             with running.scope:
                 try:
                     self.output.begin(self.response)
+                    self._store(self.response)  # in progress, for GET and the 400 above
                     self.output.finish(await self.complete())
                 except APIError as exc:
                     error = ResponseError(exc.code or exc.type, exc.message)
@@ -356,11 +379,10 @@ class _Generation:
                     state.ended_streams.popitem(last=False)
 
     def _store_ended(self, status: str, error: ResponseError | None) -> protocol.Response:
-        """Stores the response ended without its output (failed or cancelled)."""
+        """Stores the response ended early (failed or cancelled) with the output it
+        had by then."""
         ended = attrs.evolve(self.response, status=status, error=error, output=self.output.close())
-        self.run.state.response_store.put(
-            StoredResponse(ended, (), self.prepared.input_items), owner=self.prepared.owner
-        )
+        self._store(ended)
         return ended
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
