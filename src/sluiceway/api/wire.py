@@ -28,6 +28,7 @@ _MISSING_FIELD = re.compile(r"^Object missing required field `(?P<field>[^`]+)`"
 # Decoders are built once per type: building one compiles the type's description.
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {Any: msgspec.json.Decoder()}
 _ANY = _DECODERS[Any]
+_SYNTAX = msgspec.json.Decoder(msgspec.Raw)
 
 MAX_JSON_DEPTH = 512
 """How deep a body may nest arrays and objects. msgspec's own bound is Python's
@@ -74,9 +75,10 @@ def _check_json(data: bytes, max_depth: int) -> None:
     if nested_deeper_than(data, max_depth):
         raise NotJSON(_TOO_DEEP)
     try:
-        _ANY.decode(data)
-    except msgspec.ValidationError:
-        pass  # a number out of range: JSON, refused as a value (a DecodeError too)
+        # Decoding into Raw checks the syntax alone, as msgspec does for a field
+        # it skips: plain decoding would stop at a number out of range, before
+        # broken JSON after it.
+        _SYNTAX.decode(data)
     except msgspec.DecodeError as exc:
         raise NotJSON(str(exc)) from None
     except RecursionError:
