@@ -9,13 +9,10 @@ This body counts every byte received and fails with `errors.body_too_large`.
 
 from __future__ import annotations
 
-from typing import IO, Any
-
-from quart_trio.formparser import TrioFormDataParser
 from quart_trio.wrappers.request import TrioBody, TrioRequest
-from werkzeug.datastructures import MultiDict
 
 from sluiceway.api import errors
+from sluiceway.api.upload_form import UploadFormParser
 
 
 class LimitedBody(TrioBody):
@@ -51,36 +48,6 @@ class LimitedBody(TrioBody):
             raise
 
 
-class _ClosingFormDataParser(TrioFormDataParser):
-    """Closes the files it spooled when a parse fails part way (quart leaves them
-    open: a temporary file, and a ResourceWarning, per failed upload)."""
-
-    async def parse(
-        self,
-        body: Any,
-        mimetype: str,
-        content_length: int | None,
-        options: dict[str, str] | None = None,
-    ) -> tuple[MultiDict, MultiDict]:
-        opened: list[IO[bytes]] = []
-        factory = self.stream_factory
-
-        def tracked(*args: Any) -> IO[bytes]:
-            stream = factory(*args)
-            opened.append(stream)
-            return stream
-
-        self.stream_factory = tracked
-        try:
-            return await super().parse(body, mimetype, content_length, options)
-        except BaseException:
-            for stream in opened:
-                stream.close()
-            raise
-        finally:
-            self.stream_factory = factory
-
-
 class LimitedRequest(TrioRequest):
     body_class = LimitedBody
-    form_data_parser_class = _ClosingFormDataParser
+    form_data_parser_class = UploadFormParser

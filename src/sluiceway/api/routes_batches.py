@@ -26,6 +26,7 @@ from sluiceway.api.batch_store import UNFINISHED
 from sluiceway.api.json_body import json_response
 from sluiceway.api.owners import current_owner
 from sluiceway.api.state import current_state
+from sluiceway.api.upload_form import MULTIPART
 from sluiceway.protocol.batches import (
     BATCH_ENDPOINTS,
     Batch,
@@ -65,7 +66,8 @@ def _batch(batch_id: str) -> Batch:
 
 @blueprint.post("/v1/files")
 async def upload_file() -> Response:
-    """A multipart upload: `file`, and `purpose` "batch" (the one purpose served)."""
+    """A multipart upload: `file`, and `purpose` "batch" (the one purpose served).
+    A malformed part is a 400 naming it (`upload_form`)."""
     try:
         form = await request.form
         uploads = await request.files
@@ -73,12 +75,27 @@ async def upload_file() -> Response:
         # The body's own limit raises `errors.body_too_large`; what is left is
         # the form's bound on its number of parts.
         raise errors.too_many_form_parts(request.max_form_parts or 0) from None
+    if not form and not uploads and request.mimetype != MULTIPART:
+        raise errors.invalid_request(
+            f"Files are uploaded as {MULTIPART} with 'file' and 'purpose' parts; this "
+            f"request's Content-Type is '{request.mimetype or 'missing'}'."
+        )
     purpose = form.get("purpose")
+    if purpose is None:
+        raise errors.invalid_request(
+            "The upload has no 'purpose' part; it must be 'batch'.", "purpose"
+        )
     if purpose != "batch":
         raise errors.invalid_request(
             "Only files for the Batch API are stored here: purpose must be 'batch'.", "purpose"
         )
     upload = uploads.get("file")
+    if upload is None and "file" in form:
+        raise errors.invalid_request(
+            "The 'file' part is a plain field: a file needs a filename in its "
+            'Content-Disposition (\'form-data; name="file"; filename="..."\').',
+            "file",
+        )
     if upload is None:
         raise errors.invalid_request("The upload has no 'file' part.", "file")
     content = upload.read()
