@@ -20,6 +20,7 @@ import trio
 from sluiceway.api import errors
 from sluiceway.api.errors import APIError, invalid_request, queue_full
 from sluiceway.api.prompts import Prompt
+from sluiceway.api.rate_limits import TokenCharge
 from sluiceway.api.state import ServerState
 from sluiceway.api.tool_calls import ToolCallParser
 from sluiceway.engine.errors import EngineUnhealthyError, PromptTooLongError, QueueFullError
@@ -71,6 +72,8 @@ class RequestRun:
     group: object = attrs.field(factory=object)
     # A Batch API line: its choices yield to every other in the engine.
     background: bool = False
+    # What the key was charged before the run; `settle` makes it what the run used.
+    charge: TokenCharge | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -100,6 +103,20 @@ class RequestRun:
         return sum(c.num_output_tokens for c in self.choices)
 
     @property
+    def tokens_used(self) -> int:
+        """What the run costs its key: the prompts the engine took, and every token
+        generated for them, however far each choice got."""
+        admitted = {c.index // self.n for c in self.choices}
+        prompts = sum(len(self.prompts[i].token_ids) for i in admitted)
+        return prompts + self.completion_tokens
+
+    def settle(self) -> None:
+        """Charges the key `tokens_used` instead of its estimate; once, so that every
+        way out of a request may call it."""
+        if self.charge is not None:
+            self.charge.settle(self.tokens_used)
+
+    @property
     def cached_tokens(self) -> int:
         by_prompt: dict[int, int] = {}
         for c in self.choices:
@@ -115,8 +132,12 @@ async def admit(
     """Enter `engine.generate` for every prompt; the channels in choice-index order.
 
     Raises APIError (429/503/400) when the engine refuses; prompts already admitted
-    are then aborted when `stack` closes.
+    are then aborted when `stack` closes. Closing `stack` also settles the run's
+    charge, once its choices have left the engine.
     """
+    # Callbacks run last-in first-out: this one after every choice is aborted, when
+    # the counts are final, however the run ends (done, refused, timed out, gone).
+    stack.callback(run.settle)
     state = run.state
     channels: list[ChoiceChannel] = []
     for i, prompt in enumerate(run.prompts):

@@ -24,7 +24,7 @@ from sluiceway.api import errors, prompts
 from sluiceway.api.errors import APIError
 from sluiceway.api.json_body import json_response
 from sluiceway.api.prompts import Prompt
-from sluiceway.api.rate_limits import take_tokens
+from sluiceway.api.rate_limits import TokenCharge, budgeted_key, hold_tokens
 from sluiceway.api.state import ServerState, current_state
 from sluiceway.api.validation import check_token_ids, prompt_list
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
@@ -46,20 +46,23 @@ async def create_embeddings() -> Response:
     started = trio.current_time()
     state.check_accepting()
     data = await request.get_data(cache=False)
-    body = await _embeddings(state, data, started, background=False)
+    body = await _embeddings(state, data, started, budgeted_key(), background=False)
     return json_response(body)
 
 
-async def embed_in_background(state: ServerState, data: bytes) -> dict[str, Any]:
+async def embed_in_background(
+    state: ServerState, data: bytes, key: str | None = None
+) -> dict[str, Any]:
     """The answer to an embeddings body, its inputs at background priority: a Batch
-    API line. Raises `APIError` as the endpoint answers it; cancellation aborts it."""
+    API line, charged to `key`'s budget (waiting until it has the tokens). Raises
+    `APIError` as the endpoint answers it; cancellation aborts it."""
     started = trio.current_time()
     state.check_accepting()
-    return await _embeddings(state, data, started, background=True)
+    return await _embeddings(state, data, started, key, background=True)
 
 
 async def _embeddings(
-    state: ServerState, data: bytes | str, started: float, *, background: bool
+    state: ServerState, data: bytes | str, started: float, key: str | None, *, background: bool
 ) -> dict[str, Any]:
     spec = state.engine.pooling
     if spec is None:
@@ -67,17 +70,18 @@ async def _embeddings(
             f"The model {state.model_name} is not served for embeddings here.", "model"
         )
     req, ready = await prompts.prepare(state, len(data), partial(_inputs, state, spec, data))
-    if not background:  # a batch line is not charged to the key of an HTTP request
-        take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), None, 0)
+    tokens = sum(len(p.token_ids) for p in ready)
+    charge = await hold_tokens(
+        state.rate_limits, key, tokens, model=state.model_name, wait=background
+    )
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    pooled = await _embed(state, ready, started, background)
+    pooled = await _embed(state, ready, started, background, charge)
     dimensions = req.dimensions or spec.hidden_size
     base64_floats = req.encoding_format == "base64"
     data_out = [
         Embedding(i, _encoded(_normalized(vector[:dimensions]), base64_floats))
         for i, vector in enumerate(pooled)
     ]
-    tokens = sum(len(p.token_ids) for p in ready)
     return EmbeddingList(data_out, state.model_name, EmbeddingUsage(tokens, tokens)).to_dict()
 
 
@@ -127,11 +131,16 @@ def _widths(spec: PoolingSpec) -> str:
 
 
 async def _embed(
-    state: ServerState, ready: Sequence[Prompt], started: float, background: bool
+    state: ServerState,
+    ready: Sequence[Prompt],
+    started: float,
+    background: bool,
+    charge: TokenCharge,
 ) -> list[tuple[float, ...]]:
     """Every input's pooled vector, in input order. Raises the `APIError` of the
-    first input the engine refused or failed (429 queue full, 503), or of the
-    request's end (504 timeout, 503 drained); the other inputs are aborted."""
+    first input the engine refused or failed (429 queue full, 503; the `charge`
+    then given back), or of the request's end (504 timeout, 503 drained); the
+    other inputs are aborted."""
     engine = state.engine
     group = object()  # the inputs of one request share one fair turn
     vectors: list[tuple[float, ...] | None] = [None] * len(ready)
@@ -158,6 +167,8 @@ async def _embed(
             for index, prompt in enumerate(ready):
                 nursery.start_soon(embed_one, index, prompt, nursery.cancel_scope)
     if failure:
+        # Nothing to pay for: the engine would not take it (a batch line asks again).
+        charge.settle(0)
         raise failure[0]
     if deadline.cancelled_caught:
         raise errors.timeout(state.server_config.request_timeout)

@@ -36,7 +36,7 @@ from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import json_response
 from sluiceway.api.prompts import Prompt
-from sluiceway.api.rate_limits import take_tokens
+from sluiceway.api.rate_limits import TokenCharge, budgeted_key, generation_estimate, hold_tokens
 from sluiceway.api.state import ServerState, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import (
@@ -107,40 +107,65 @@ async def _generate(parse: Parse[R], shape: MakeShape[R], param: str) -> Respons
     started = trio.current_time()
     state.check_accepting()
     data = await request.get_data(cache=False)
-    req, ready = await _prepare(state, data, parse, param, charge=True)
-    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started)
-    return await _respond(run, req, shape(req, state.token_text), param)
+    req, ready, charge = await _prepare(state, data, parse, param, budgeted_key())
+    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started, charge=charge)
+    try:
+        return await _respond(run, req, shape(req, state.token_text), param)
+    except BaseException:
+        run.settle()  # not yet settled where it ended before the engine had it
+        raise
 
 
 async def _prepare(
-    state: ServerState, data: bytes | str, parse: Parse[R], param: str, *, charge: bool
-) -> tuple[R, list[Prompt]]:
-    """The body parsed and tokenized, lengths checked against `param`, the key's
-    budget charged (with `charge`: inside an HTTP request) and the grammar
-    compiled: ready for the engine. Raises `APIError`."""
+    state: ServerState,
+    data: bytes | str,
+    parse: Parse[R],
+    param: str,
+    key: str | None,
+    *,
+    background: bool = False,
+) -> tuple[R, list[Prompt], TokenCharge]:
+    """The body parsed and tokenized, lengths checked against `param`, then
+    `charge_and_compile`d: ready for the engine. Raises `APIError`."""
     req, ready = await prompts.prepare(state, len(data), partial(parse, state, data))
     prompts.check_lengths(state, ready, req.params.max_tokens, param)
-    if charge:
-        take_tokens(
-            state.rate_limits,
-            sum(len(p.token_ids) for p in ready),
-            req.params.max_tokens,
-            len(ready) * req.n,
-        )
-    req = await with_grammar(state, req)
+    req, charge = await charge_and_compile(state, req, ready, key, background=background)
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    return req, ready
+    return req, ready, charge
 
 
-async def answer_in_background(state: ServerState, endpoint: str, data: bytes) -> dict[str, Any]:
+async def charge_and_compile(
+    state: ServerState, req: R, ready: list[Prompt], key: str | None, *, background: bool = False
+) -> tuple[R, TokenCharge]:
+    """`key`'s budget charged what `req` on `ready` may cost (`background`: waiting
+    for it rather than refusing), then `req` with its grammar compiled. The run
+    settles the charge when it ends; a request that fails here pays nothing.
+    Raises `APIError`."""
+    estimate = generation_estimate(
+        (len(p.token_ids) for p in ready), req.params.max_tokens, req.n, state.engine.max_model_len
+    )
+    charge = await hold_tokens(
+        state.rate_limits, key, estimate, model=state.model_name, wait=background
+    )
+    try:
+        return await with_grammar(state, req), charge
+    except BaseException:
+        charge.settle(0)
+        raise
+
+
+async def answer_in_background(
+    state: ServerState, endpoint: str, data: bytes, key: str | None = None
+) -> dict[str, Any]:
     """The whole (never streamed) response to a chat or completions body, generated
-    at background priority: a Batch API line. Raises `APIError` as the endpoint
-    answers it (a line may not ask to stream: 400); cancellation aborts it."""
+    at background priority: a Batch API line, charged to `key`'s budget (waiting
+    until it has the tokens). Raises `APIError` as the endpoint answers it (a line
+    may not ask to stream: 400); cancellation aborts it."""
     started = trio.current_time()
     state.check_accepting()
     if endpoint == "/v1/chat/completions":
-        return await _answer(state, data, chat_prompts, ChatShape, "messages", started)
-    return await _answer(state, data, completion_prompts, CompletionShape, "prompt", started)
+        return await _answer(state, data, chat_prompts, ChatShape, "messages", started, key)
+    return await _answer(state, data, completion_prompts, CompletionShape, "prompt", started, key)
 
 
 async def _answer(
@@ -150,14 +175,20 @@ async def _answer(
     shape: MakeShape[R],
     param: str,
     started: float,
+    key: str | None,
 ) -> dict[str, Any]:
-    req, ready = await _prepare(state, data, parse, param, charge=False)
-    if req.stream:
-        raise errors.invalid_request("A batch line cannot be streamed.", "stream")
-    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started, background=True)
-    made = shape(req, state.token_text)
-    request_id = f"{made.id_prefix}{uuid.uuid4().hex}"
-    return await _complete(run, req, made, param, request_id, int(time.time()))
+    req, ready, charge = await _prepare(state, data, parse, param, key, background=True)
+    run = RequestRun(
+        state=state, prompts=ready, n=req.n, started_at=started, background=True, charge=charge
+    )
+    try:
+        if req.stream:
+            raise errors.invalid_request("A batch line cannot be streamed.", "stream")
+        made = shape(req, state.token_text)
+        request_id = f"{made.id_prefix}{uuid.uuid4().hex}"
+        return await _complete(run, req, made, param, request_id, int(time.time()))
+    finally:
+        run.settle()  # not yet settled where it ended before the engine had it
 
 
 async def with_grammar(state: ServerState, req: R) -> R:

@@ -34,11 +34,11 @@ from sluiceway.api.errors import APIError
 from sluiceway.api.generation import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.json_body import encode_json, json_response
 from sluiceway.api.owners import Owner, current_owner
-from sluiceway.api.rate_limits import take_tokens
+from sluiceway.api.rate_limits import budgeted_key
 from sluiceway.api.response_input import chat_body, chat_messages, input_items
 from sluiceway.api.response_output import ResponseOutput
 from sluiceway.api.response_store import StoredResponse
-from sluiceway.api.routes_generation import chat_prompts, stream_response, with_grammar
+from sluiceway.api.routes_generation import charge_and_compile, chat_prompts, stream_response
 from sluiceway.api.state import BackgroundRun, ServerState, current_state
 from sluiceway.api.stream_output import StreamOutput
 from sluiceway.api.validation import ChatRequest
@@ -92,13 +92,12 @@ async def create_response() -> Response:
     body = encode_json(chat_body(req, history)).encode("utf-8")
     chat, ready = await prompts.prepare(state, len(body), lambda: chat_prompts(state, body))
     prompts.check_lengths(state, ready, chat.params.max_tokens, "input")
-    take_tokens(state.rate_limits, sum(len(p.token_ids) for p in ready), chat.params.max_tokens, 1)
-    chat = await with_grammar(state, chat)
+    chat, charge = await charge_and_compile(state, chat, ready, budgeted_key())
     prompts.prepared()  # an idle engine need hold its first step for us no longer
     prepared = _Prepared(
         req, chat, ready, history, chat_messages(req.input), tuple(input_items(req.input)), owner
     )
-    run = RequestRun(state=state, prompts=ready, n=1, started_at=started)
+    run = RequestRun(state=state, prompts=ready, n=1, started_at=started, charge=charge)
     generation = _Generation(run, prepared)
     access_log.note_generation(generation.response.id, run)
     if req.background:
@@ -371,6 +370,7 @@ class _Generation:
             if running.scope.cancelled_caught:
                 self._store_ended("cancelled", None)
         finally:
+            self.run.settle()  # were it cancelled before the engine had it
             del state.background_runs[self.response.id]
             running.end()
             if running.events is not None:

@@ -1,0 +1,194 @@
+"""A key's token budget pays for what each request used: before it runs, what it
+may cost (its prompts, and `max_tokens` or the rest of the context for each
+choice); when it ends, done or cut short, what it did cost. An estimate above a
+minute's budget is refused at once.
+
+The clock is a `MockClock` that stands still unless a test moves it, so a budget
+holds exactly what was charged: nothing refills behind a test's back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from server_helpers import CHAT, COMPLETIONS, RawStream, chat, count_content
+from sluiceway.api.rate_limits import RateLimits, hold_tokens
+from sluiceway.config import EngineConfig, KeyBudget
+
+from .conftest import MODEL
+from .fakes import PoolingRunner, ScriptedRunner
+
+KEY = "budgeted"
+LIMIT = 3000  # tokens a minute: more than one request's whole context (2048)
+CONTEXT = 2048  # the test servers' max_model_len
+# No burst window: it waits on the clock, which stands still here.
+STILL = EngineConfig(burst_window=0)
+
+
+def budgets(tokens: int = LIMIT, requests: int | None = None) -> dict[str, KeyBudget]:
+    return {KEY: KeyBudget(requests_per_minute=requests, tokens_per_minute=tokens)}
+
+
+def remaining(server: Any, kind: str = "tokens") -> int:
+    return int(dict(server.state.rate_limits.headers(KEY))[f"x-ratelimit-remaining-{kind}"])
+
+
+@asynccontextmanager
+async def client_of(server: Any, key: str = KEY) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers) as client:
+        yield client
+
+
+async def test_a_charge_settles_once_to_what_was_used(autojump_clock: Any) -> None:
+    limits = RateLimits({KEY: KeyBudget(tokens_per_minute=600)})
+    charge = await hold_tokens(limits, KEY, 500, model=MODEL)
+    assert dict(limits.headers(KEY))["x-ratelimit-remaining-tokens"] == "100"
+    charge.settle(120)
+    charge.settle(0)  # a second way out of the same request changes nothing
+    assert dict(limits.headers(KEY))["x-ratelimit-remaining-tokens"] == "480"
+    # What is given back never fills a budget beyond a minute's worth.
+    await trio.sleep(60)
+    charge = await hold_tokens(limits, KEY, 500, model=MODEL)
+    await trio.sleep(60)
+    charge.settle(0)
+    assert dict(limits.headers(KEY))["x-ratelimit-remaining-tokens"] == "600"
+
+
+async def test_a_streamed_chat_without_max_tokens_pays_for_what_it_generated(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any
+) -> None:
+    runner.eos_after = 40
+    body = chat("hi", stream=True, stream_options={"include_usage": True})
+    async with (
+        start_server(api_key_budgets=budgets(), engine_config=STILL) as server,
+        client_of(server) as client,
+    ):
+        async with client.stream("POST", CHAT, json=body) as response:
+            assert response.status_code == 200
+            held = int(response.headers["x-ratelimit-remaining-tokens"])
+            lines = [line async for line in response.aiter_lines()]
+        await server.state.wait_idle()
+        left = remaining(server)
+    chunks = [json.loads(each[6:]) for each in lines if each.startswith("data: {")]
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] > 40
+    # While it ran, it held the whole context (the prompt and what may follow it).
+    assert held == LIMIT - CONTEXT
+    assert left == LIMIT - usage["total_tokens"]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+async def test_a_chat_pays_for_what_its_choices_generated_and_its_headers_say_so(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any, n: int
+) -> None:
+    runner.eos_after = 3  # well before max_tokens
+    async with (
+        start_server(api_key_budgets=budgets(), engine_config=STILL) as server,
+        client_of(server) as client,
+    ):
+        response = await client.post(CHAT, json=chat("hi", max_tokens=50, n=n))
+        left = remaining(server)
+    assert response.status_code == 200
+    usage = response.json()["usage"]
+    assert usage["completion_tokens"] < 50 * n
+    assert left == LIMIT - usage["total_tokens"]
+    assert response.headers["x-ratelimit-remaining-tokens"] == str(left)
+
+
+async def test_a_stream_whose_client_hangs_up_pays_for_the_tokens_it_got(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any
+) -> None:
+    async with start_server(
+        api_keys=("free",), api_key_budgets=budgets(), engine_config=STILL
+    ) as server:
+        async with client_of(server, "free") as free:
+            probe = await free.post(CHAT, json=chat("hi", max_tokens=1))
+        prompt_tokens = probe.json()["usage"]["prompt_tokens"]
+        runner.gated = True
+        request = RawStream.request_bytes(server.url, CHAT, chat("hi", stream=True))
+        request = request.replace(
+            b"\r\n\r\n", f"\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode(), 1
+        )
+        raw = await RawStream.connect(server.url)
+        await raw.sock.send_all(request)
+        runner.allow(3)  # the prompt's step and two more: three tokens, then none
+        await raw.read_until(lambda buffer: count_content(buffer) == 3)
+        await raw.aclose()
+        await server.state.wait_idle()
+        left = remaining(server)
+    assert left == LIMIT - (prompt_tokens + 3)
+
+
+async def test_a_request_above_the_minutes_budget_is_refused_at_once(
+    start_server: Any, runner: ScriptedRunner, word_ids: tuple[int, ...], mock_clock: Any
+) -> None:
+    prompt = (list(word_ids) * 4)[:35]
+    async with (
+        start_server(api_key_budgets=budgets(tokens=300), engine_config=STILL) as server,
+        client_of(server) as client,
+    ):
+        refused = await client.post(
+            COMPLETIONS, json={"model": MODEL, "prompt": prompt, "max_tokens": 800}
+        )
+        # Without max_tokens a request may take the rest of the context.
+        without_max = await client.post(CHAT, json=chat("hi"))
+        many = await client.post(CHAT, json=chat("hi", n=16))
+        left = remaining(server)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
+    assert "Request too large for test-model" in error["message"]
+    assert "Limit 300, Requested 835" in error["message"]
+    assert "Retry-After" not in refused.headers  # waiting would not help
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "300"
+    for response in (without_max, many):
+        assert response.status_code == 429
+        assert response.json()["error"]["type"] == "tokens"
+    assert f"Requested {CONTEXT}" in without_max.json()["error"]["message"]
+    assert left == 300 and runner.steps == 0
+
+
+async def test_a_response_pays_for_what_it_generated_in_the_foreground_and_background(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any
+) -> None:
+    runner.eos_after = 3
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 50}
+    async with (
+        start_server(api_key_budgets=budgets(), engine_config=STILL) as server,
+        client_of(server) as client,
+    ):
+        now = await client.post("/v1/responses", json=body)
+        after_now = remaining(server)
+        queued = await client.post("/v1/responses", json=body | {"background": True})
+        running = server.state.background_runs.get(queued.json()["id"])
+        if running is not None:
+            await running.done.wait()
+        later = await client.get(f"/v1/responses/{queued.json()['id']}")
+        after_later = remaining(server)
+    assert now.status_code == 200 and later.json()["status"] == "completed"
+    assert now.json()["usage"]["output_tokens"] < 50
+    assert after_now == LIMIT - now.json()["usage"]["total_tokens"]
+    assert now.headers["x-ratelimit-remaining-tokens"] == str(after_now)
+    assert after_later == after_now - later.json()["usage"]["total_tokens"]
+
+
+async def test_embeddings_pay_for_their_inputs(
+    serve_runner: Any, tokenizer: Any, mock_clock: Any
+) -> None:
+    runner = PoolingRunner(vocab=(5, 6), eos=tokenizer.eos_token_id)
+    body = {"model": MODEL, "input": ["one", "two words"]}
+    async with (
+        serve_runner(runner, api_key_budgets=budgets(), engine_config=STILL) as server,
+        client_of(server) as client,
+    ):
+        response = await client.post("/v1/embeddings", json=body)
+        left = remaining(server)
+    assert left == LIMIT - response.json()["usage"]["total_tokens"]
+    assert response.headers["x-ratelimit-remaining-tokens"] == str(left)
