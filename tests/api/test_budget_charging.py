@@ -1,6 +1,7 @@
 """A key's token budget pays for what each request used: before it runs, what it
 may cost (its prompts, and `max_tokens` or the rest of the context for each
-choice); when it ends, done or cut short, what it did cost. An estimate above a
+choice); when it ends, done or cut short, what it did cost. Batch lines are paid
+by the key that created the batch, and wait for its budget. An estimate above a
 minute's budget is refused at once.
 
 The clock is a `MockClock` that stands still unless a test moves it, so a budget
@@ -14,14 +15,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trio
+import trio.testing
 
 from server_helpers import CHAT, COMPLETIONS, RawStream, chat, count_content
+from sluiceway.api.batch_store import BatchStore
 from sluiceway.api.rate_limits import RateLimits, hold_tokens
 from sluiceway.config import EngineConfig, KeyBudget
 
-from .conftest import MODEL
+from .conftest import MODEL, in_thread
 from .fakes import PoolingRunner, ScriptedRunner
 
 KEY = "budgeted"
@@ -192,3 +196,113 @@ async def test_embeddings_pay_for_their_inputs(
         left = remaining(server)
     assert left == LIMIT - response.json()["usage"]["total_tokens"]
     assert response.headers["x-ratelimit-remaining-tokens"] == str(left)
+
+
+def line(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(each) + "\n" for each in lines).encode()
+
+
+def openai_client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
+
+
+async def run_batch(server: Any, url: Any, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each line's response by custom_id, once the batch has run, made by `KEY`."""
+    with openai_client(server) as oai:
+        upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
+        batch = await in_thread(
+            lambda: oai.batches.create(
+                input_file_id=upload.id, endpoint=url, completion_window="24h"
+            )
+        )
+        await server.state.batch_runner.idle.wait()
+        return await in_thread(lambda: batch_results(oai, batch.id))
+
+
+def batch_results(oai: openai.OpenAI, batch_id: str) -> dict[str, Any]:
+    done = oai.batches.retrieve(batch_id)
+    rows = []
+    for file_id in (done.output_file_id, done.error_file_id):
+        if file_id is not None:
+            rows += [json.loads(row) for row in oai.files.content(file_id).text.splitlines()]
+    return {row["custom_id"]: row["response"] for row in rows}
+
+
+async def test_batch_lines_are_paid_by_the_key_that_created_the_batch(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any
+) -> None:
+    runner.eos_after = 3
+    lines = [line(str(i), CHAT, chat(f"question {i}", max_tokens=20)) for i in range(2)]
+    async with start_server(api_key_budgets=budgets(requests=10), engine_config=STILL) as server:
+        answers = await run_batch(server, CHAT, lines)
+        tokens_left, requests_left = remaining(server), remaining(server, "requests")
+    assert [answers[str(i)]["status_code"] for i in range(2)] == [200, 200]
+    used = sum(answers[str(i)]["body"]["usage"]["total_tokens"] for i in range(2))
+    assert tokens_left == LIMIT - used
+    # The upload, the batch and each of its lines is one request of the key's.
+    assert requests_left == 10 - 4
+
+
+async def test_embedding_lines_are_paid_by_the_key_that_created_the_batch(
+    serve_runner: Any, tokenizer: Any, mock_clock: Any
+) -> None:
+    runner = PoolingRunner(vocab=(5, 6), eos=tokenizer.eos_token_id)
+    body = {"model": MODEL, "input": ["one", "two words"]}
+    async with serve_runner(runner, api_key_budgets=budgets(), engine_config=STILL) as server:
+        answers = await run_batch(server, "/v1/embeddings", [line("a", "/v1/embeddings", body)])
+        left = remaining(server)
+    assert left == LIMIT - answers["a"]["body"]["usage"]["total_tokens"]
+
+
+async def test_a_batch_line_waits_for_its_keys_budget_and_one_too_large_fails(
+    start_server: Any,
+    runner: ScriptedRunner,
+    word_ids: tuple[int, ...],
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    prompt = [*word_ids, word_ids[0]]  # 10 tokens
+    lines = [
+        line("too-large", COMPLETIONS, {"model": MODEL, "prompt": prompt, "max_tokens": 500}),
+        *(
+            line(name, COMPLETIONS, {"model": MODEL, "prompt": prompt, "max_tokens": 90})
+            for name in ("a", "b", "c")
+        ),
+    ]
+    finished: list[str] = []
+    third_done = trio.Event()
+    async with start_server(
+        api_key_budgets=budgets(tokens=200), engine_config=STILL, batch_concurrency=1
+    ) as server:
+        store: BatchStore = server.state.batch_runner.store
+        finish = store.finish_line
+
+        def finish_line(batch_id: str, number: int, status: Any, result: str) -> None:
+            finished.append(json.loads(result)["custom_id"])
+            finish(batch_id, number, status, result)
+            if len(finished) == 3:
+                third_done.set()
+
+        store.finish_line = finish_line  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            results: dict[str, Any] = {}
+
+            async def run() -> None:
+                results.update(await run_batch(server, COMPLETIONS, lines))
+
+            nursery.start_soon(run)
+            await third_done.wait()
+            # a and b (100 tokens each) spent the minute's 200; c waits for the
+            # refill, the time standing still, rather than failing.
+            await trio.testing.wait_all_tasks_blocked()
+            assert finished == ["too-large", "a", "b"] and remaining(server) == 0
+            assert not server.state.batch_runner.idle.is_set()
+            mock_clock.jump(30)  # 100 tokens come back
+    assert finished == ["too-large", "a", "b", "c"]
+    assert [results[name]["status_code"] for name in ("a", "b", "c")] == [200, 200, 200]
+    assert results["too-large"]["status_code"] == 429
+    assert results["too-large"]["body"]["error"]["type"] == "tokens"
+    assert "Limit 200, Requested 510" in results["too-large"]["body"]["error"]["message"]

@@ -6,8 +6,10 @@ first. A line's result is stored as soon as it has one (`BatchStore`).
 A line the server cannot take now (draining, engine unhealthy: a 503) stays
 pending, and so does its batch: a restart on the same `--batch-store` file
 resumes it with the lines that have no result. A full queue (429) is waited
-out. Every other answer, success or error, is the line's result. Cancelling a
-batch aborts its lines in flight; the lines done by then make its output.
+out, and so is the budget of the key that created the batch: each line takes a
+request and its tokens from it as it runs (`rate_limits.py`). Every other
+answer, success or error, is the line's result. Cancelling a batch aborts its
+lines in flight; the lines done by then make its output.
 Lines run on behalf of the batch's owner: its output and error files are that
 owner's (`BatchStore.close_batch`), whichever process finishes it.
 """
@@ -37,10 +39,12 @@ log = logging.getLogger(__name__)
 _QUEUE_FULL_WAIT = 0.05
 
 
-async def _answer(state: ServerState, endpoint: str, data: bytes) -> dict[str, Any]:
+async def _answer(
+    state: ServerState, endpoint: str, data: bytes, key: str | None
+) -> dict[str, Any]:
     if endpoint == "/v1/embeddings":
-        return await embed_in_background(state, data)
-    return await answer_in_background(state, endpoint, data)
+        return await embed_in_background(state, data, key)
+    return await answer_in_background(state, endpoint, data, key)
 
 
 class _Unavailable(Exception):
@@ -59,9 +63,16 @@ class BatchRunner:
         self.idle = trio.Event()  # set while no batch is queued or running (tests)
         self._queued = 0
         self._paused = False
+        # The budgeted key (`--api-key-budgets`) each batch's lines are charged to:
+        # the key that created it. In memory only (the store records an owner, not
+        # a key): a batch that a later process resumes runs unbudgeted there.
+        self._payers: dict[str, str] = {}
 
-    def submit(self, batch_id: str) -> None:
-        """Queue a stored batch to run (after those queued before it)."""
+    def submit(self, batch_id: str, key: str | None = None) -> None:
+        """Queue a stored batch to run (after those queued before it), its lines
+        charged to the budget of `key` (None: no budget) as they run."""
+        if key is not None:
+            self._payers[batch_id] = key
         self._queued += 1
         self.idle = trio.Event() if self.idle.is_set() else self.idle
         self._send.send_nowait(batch_id)
@@ -130,6 +141,7 @@ class BatchRunner:
         batch = self.store.batch(batch_id, owner=None)
         assert batch is not None
         now = int(time.time())
+        self._payers.pop(batch_id, None)
         if batch.status == "cancelling":
             batch = attrs.evolve(batch, status="cancelled", cancelled_at=now)
         else:
@@ -181,11 +193,15 @@ class BatchRunner:
 
     async def _run_line(self, batch: Batch, line: BatchLine) -> tuple[int, dict[str, Any]]:
         data = line.body.encode("utf-8")
+        key = self._payers.get(batch.id)
+        # A line is a request of its key's, as it would be sent alone; unlike one, it
+        # waits for the budget (here, and for its tokens where they are counted).
+        await self.state.rate_limits.take_when_there(key, requests=1)
         while True:
             try:
-                return 200, await _answer(self.state, batch.endpoint, data)
+                return 200, await _answer(self.state, batch.endpoint, data, key)
             except APIError as exc:
-                if exc.status == 429:
+                if exc.code == "queue_full":
                     await trio.sleep(_QUEUE_FULL_WAIT)
                     continue
                 if exc.status == 503:

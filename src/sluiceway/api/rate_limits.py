@@ -3,16 +3,18 @@ each API key, as OpenAI's rate limits count them.
 
 Each budget is a bucket that holds a minute's worth and refills continuously
 (a key that used all of it has a sixtieth back each second). A POST to a
-generation or embeddings path takes one request. A generation takes, before it
-runs, what it may cost as OpenAI estimates it: its prompts, and for each choice
-`max_tokens`, or without it the rest of the context; when it ends (done,
-failed, cancelled or its client gone) the key is charged what it used instead,
-its prompts and the tokens generated (`TokenCharge.settle`). Embeddings take
-their inputs. Over budget is a 429 `rate_limit_exceeded` with `Retry-After`; an
-estimate above the key's tokens a minute can never fit and is refused at once,
-as OpenAI does ("Request too large"). Every answer to a budgeted key carries
-OpenAI's `x-ratelimit-limit-*`, `x-ratelimit-remaining-*` and
-`x-ratelimit-reset-*` headers. Time is trio's clock, so tests run it on a
+generation, embeddings, Files or Batch path takes one request. A generation
+takes, before it runs, what it may cost as OpenAI estimates it: its prompts,
+and for each choice `max_tokens`, or without it the rest of the context; when
+it ends (done, failed, cancelled or its client gone) the key is charged what it
+used instead, its prompts and the tokens generated (`TokenCharge.settle`).
+Embeddings take their inputs. A Batch API line takes a request and its tokens
+from the key that created its batch, waiting for them where a direct request
+would be refused. Over budget is a 429 `rate_limit_exceeded` with
+`Retry-After`; an estimate above the key's tokens a minute can never fit and is
+refused at once, as OpenAI does ("Request too large"). Every answer to a
+budgeted key carries OpenAI's `x-ratelimit-limit-*`, `x-ratelimit-remaining-*`
+and `x-ratelimit-reset-*` headers. Time is trio's clock, so tests run it on a
 `MockClock`.
 
 The file is JSON: `{"keys": {"KEY": {"requests_per_minute": 60,
@@ -208,10 +210,17 @@ class TokenCharge:
             self.limits.give_back(self.key, self.estimate - used)
 
 
-# The paths whose POSTs take a request from a key's budget (and tokens, counted by
-# the route).
+# The paths whose POSTs take a request from a key's budget (tokens are counted by
+# the generation and embeddings routes, and for a batch by its lines).
 BUDGETED_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/files",
+        "/v1/batches",
+    }
 )
 
 

@@ -25,6 +25,7 @@ from sluiceway.api.batch_runner import BatchRunner
 from sluiceway.api.batch_store import UNFINISHED
 from sluiceway.api.json_body import json_response
 from sluiceway.api.owners import current_owner
+from sluiceway.api.rate_limits import budgeted_key
 from sluiceway.api.state import current_state
 from sluiceway.api.upload_form import MULTIPART
 from sluiceway.protocol.batches import (
@@ -173,7 +174,7 @@ async def create_batch() -> Response:
         lines = []
     runner.store.add_batch(batch, lines, owner=owner)
     if not problems:
-        runner.submit(batch.id)
+        runner.submit(batch.id, budgeted_key())
     stored = runner.store.batch(batch.id, owner=owner)
     assert stored is not None
     return json_response(stored.to_dict())
