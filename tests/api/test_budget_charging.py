@@ -1,8 +1,9 @@
 """A key's token budget pays for what each request used: before it runs, what it
 may cost (its prompts, and `max_tokens` or the rest of the context for each
 choice); when it ends, done or cut short, what it did cost. Batch lines are paid
-by the key that created the batch, and wait for its budget. An estimate above a
-minute's budget is refused at once.
+by the key that created the batch, and wait for its budget, also in a process
+that resumes the batch (the store records a salted hash of the key, never the
+key). An estimate above a minute's budget is refused at once.
 
 The clock is a `MockClock` that stands still unless a test moves it, so a budget
 holds exactly what was charged: nothing refills behind a test's back."""
@@ -22,7 +23,7 @@ import trio.testing
 
 from server_helpers import CHAT, COMPLETIONS, RawStream, chat, count_content
 from sluiceway.api.batch_store import BatchStore
-from sluiceway.api.rate_limits import RateLimits, hold_tokens
+from sluiceway.api.rate_limits import RateLimits, hold_tokens, load_key_budgets
 from sluiceway.config import EngineConfig, KeyBudget
 
 from .conftest import MODEL, in_thread
@@ -306,3 +307,127 @@ async def test_a_batch_line_waits_for_its_keys_budget_and_one_too_large_fails(
     assert results["too-large"]["status_code"] == 429
     assert results["too-large"]["body"]["error"]["type"] == "tokens"
     assert "Limit 200, Requested 510" in results["too-large"]["body"]["error"]["message"]
+
+
+async def test_a_batch_resumed_by_a_restart_is_paid_by_the_key_that_created_it(
+    start_server: Any, runner: ScriptedRunner, mock_clock: Any, tmp_path: Any
+) -> None:
+    store = str(tmp_path / "batches.sqlite")
+    budgets_file = tmp_path / "keys.json"
+    budgets_file.write_text(
+        json.dumps({"keys": {KEY: {"requests_per_minute": 10, "tokens_per_minute": LIMIT}}})
+    )
+    lines = [line(f"line-{i}", CHAT, chat(f"question {i}", max_tokens=3)) for i in range(6)]
+    answered: list[list[str]] = [[], []]
+    two_done = trio.Event()
+
+    def recording(server: Any, round_: int) -> None:
+        batch_store: BatchStore = server.state.batch_runner.store
+        finish = batch_store.finish_line
+
+        def finish_line(batch_id: str, number: int, status: Any, result: str) -> None:
+            answered[round_].append(json.loads(result)["custom_id"])
+            finish(batch_id, number, status, result)
+            if round_ == 0 and len(answered[0]) == 2:
+                two_done.set()
+
+        batch_store.finish_line = finish_line  # type: ignore[method-assign]
+
+    # Lines one at a time, four steps each (the prompt, then three tokens): two
+    # lines and part of the third, then the server stops.
+    whole_steps = EngineConfig(burst_window=0, background_step_tokens=1024)
+    config = {"batch_store": store, "batch_concurrency": 1, "engine_config": whole_steps}
+    runner.gated = True
+    async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
+        recording(server, 0)
+        with openai_client(server) as oai:
+            upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
+            batch = await in_thread(
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+                )
+            )
+        runner.allow(10)
+        await two_done.wait()
+    runner.open()
+    async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
+        recording(server, 1)
+        await server.state.batch_runner.idle.wait()
+        tokens_left, requests_left = remaining(server), remaining(server, "requests")
+        with openai_client(server) as oai:
+            answers = await in_thread(lambda: batch_results(oai, batch.id))
+    assert answered[0] == ["line-0", "line-1"] and len(answered[1]) == 4
+    assert sorted(answers) == [f"line-{i}" for i in range(6)]
+    # The new process's budget paid for each line it ran, as the first one's did.
+    used = sum(answers[name]["body"]["usage"]["total_tokens"] for name in answered[1])
+    assert tokens_left == LIMIT - used
+    assert requests_left == 10 - 4
+
+
+async def test_a_resumed_batch_whose_key_has_no_budget_now_runs_unbudgeted_and_says_so(
+    start_server: Any,
+    runner: ScriptedRunner,
+    mock_clock: Any,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = {"batch_store": str(tmp_path / "batches.sqlite"), "engine_config": STILL}
+    lines = [line(f"line-{i}", CHAT, chat(f"question {i}", max_tokens=3)) for i in range(3)]
+    runner.gated = True  # no line ends in the first process
+    async with start_server(api_key_budgets=budgets(), **config) as server:
+        with openai_client(server) as oai:
+            upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
+            batch = await in_thread(
+                lambda: oai.batches.create(
+                    input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+                )
+            )
+    runner.open()
+    others = {"other": KeyBudget(tokens_per_minute=LIMIT)}
+    async with start_server(api_key_budgets=others, **config) as server:
+        await server.state.batch_runner.idle.wait()
+        done = server.state.batch_runner.store.batch(batch.id, owner=None)
+        left = dict(server.state.rate_limits.headers("other"))["x-ratelimit-remaining-tokens"]
+    assert done.status == "completed" and done.request_counts.completed == 3
+    assert left == str(LIMIT)
+    said = [r.getMessage() for r in caplog.records if "unbudgeted" in r.getMessage()]
+    assert said == [
+        f"batch {batch.id}: the key that created it has no budget in --api-key-budgets"
+        " now; its lines run unbudgeted"
+    ]
+
+
+def test_the_batch_store_records_a_salted_hash_of_the_paying_key_never_the_key(
+    tmp_path: Any,
+) -> None:
+    from sluiceway.api.owners import Owner
+    from sluiceway.protocol.batches import Batch
+
+    key = "secret-payer-123"
+    path = tmp_path / "b.db"
+    batch = Batch(
+        id="batch_1",
+        endpoint=CHAT,
+        input_file_id="file-1",
+        completion_window="24h",
+        status="validating",
+        created_at=1,
+    )
+    store = BatchStore(path)
+    # A project owns the batch: the key cannot be recovered from the owner.
+    store.add_batch(batch, [], owner=Owner("project:team-a"), payer=key)
+    recorded = store.batch_payer("batch_1")
+    store.close()
+    assert key.encode() not in path.read_bytes()
+    for suffix in ("-wal", "-shm"):
+        wal = path.with_name(path.name + suffix)
+        assert not wal.exists() or key.encode() not in wal.read_bytes()
+    store = BatchStore(path)  # the salt is the store's: a reopen hashes the key as before
+    other = BatchStore(tmp_path / "other.db")
+    try:
+        assert recorded is not None and recorded == store.hash_payer(key)
+        assert store.hash_payer("another-key") != recorded
+        assert other.hash_payer(key) != recorded
+    finally:
+        store.close()
+        other.close()

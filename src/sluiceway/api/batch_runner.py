@@ -7,7 +7,9 @@ A line the server cannot take now (draining, engine unhealthy: a 503) stays
 pending, and so does its batch: a restart on the same `--batch-store` file
 resumes it with the lines that have no result. A full queue (429) is waited
 out, and so is the budget of the key that created the batch: each line takes a
-request and its tokens from it as it runs (`rate_limits.py`). Every other
+request and its tokens from it as it runs (`rate_limits.py`), also in a process
+that resumes the batch, which finds the key by the hash the store records of it
+(a key that has no budget there any more leaves the lines unbudgeted). Every other
 answer, success or error, is the line's result. Cancelling a batch aborts its
 lines in flight; the lines done by then make its output.
 Lines run on behalf of the batch's owner: its output and error files are that
@@ -63,16 +65,15 @@ class BatchRunner:
         self.idle = trio.Event()  # set while no batch is queued or running (tests)
         self._queued = 0
         self._paused = False
-        # The budgeted key (`--api-key-budgets`) each batch's lines are charged to:
-        # the key that created it. In memory only (the store records an owner, not
-        # a key): a batch that a later process resumes runs unbudgeted there.
-        self._payers: dict[str, str] = {}
+        # The budgeted keys (`--api-key-budgets`) by the hash the store records of
+        # the key that pays for a batch: how a batch finds its payer, also one that
+        # an earlier process created (its owner may be a project, naming no key).
+        self._budgeted = {store.hash_payer(key): key for key in state.server_config.api_key_budgets}
 
-    def submit(self, batch_id: str, key: str | None = None) -> None:
+    def submit(self, batch_id: str) -> None:
         """Queue a stored batch to run (after those queued before it), its lines
-        charged to the budget of `key` (None: no budget) as they run."""
-        if key is not None:
-            self._payers[batch_id] = key
+        charged as they run to the budget of the key the store records as paying
+        for it."""
         self._queued += 1
         self.idle = trio.Event() if self.idle.is_set() else self.idle
         self._send.send_nowait(batch_id)
@@ -123,11 +124,12 @@ class BatchRunner:
             batch = attrs.evolve(batch, status="in_progress", in_progress_at=int(time.time()))
             self.store.put_batch(batch)
         if batch.status == "in_progress":
+            key = self._payer(batch_id)
             scope = self._running[batch_id] = trio.CancelScope()
             answered = False
             try:
                 with scope:
-                    answered = await self._run_lines(batch)
+                    answered = await self._run_lines(batch, key)
             finally:
                 del self._running[batch_id]
             if self._paused or not (answered or scope.cancelled_caught):
@@ -135,41 +137,57 @@ class BatchRunner:
                 return
         self._close(batch_id)
 
+    def _payer(self, batch_id: str) -> str | None:
+        """The budgeted key that pays for the batch's lines (None: no budget)."""
+        recorded = self.store.batch_payer(batch_id)
+        if recorded is None:
+            return None  # made without a budgeted key, or before payers were recorded
+        key = self._budgeted.get(recorded)
+        if key is None:
+            # Only a batch an earlier process created: its key has left the budgets.
+            log.warning(
+                "batch %s: the key that created it has no budget in --api-key-budgets"
+                " now; its lines run unbudgeted",
+                batch_id,
+            )
+        return key
+
     def _close(self, batch_id: str) -> Batch:
         """Ends a batch: cancelled when it was cancelling, else completed; its
         output and error files written. Returns it as stored."""
         batch = self.store.batch(batch_id, owner=None)
         assert batch is not None
         now = int(time.time())
-        self._payers.pop(batch_id, None)
         if batch.status == "cancelling":
             batch = attrs.evolve(batch, status="cancelled", cancelled_at=now)
         else:
             batch = attrs.evolve(batch, status="completed", finalizing_at=now, completed_at=now)
         return self.store.close_batch(batch, batch_id)
 
-    async def _run_lines(self, batch: Batch) -> bool:
-        """Answer every pending line, `concurrency` at once; False (the lines in
-        flight aborted, and pending) once the server takes no work now."""
+    async def _run_lines(self, batch: Batch, key: str | None) -> bool:
+        """Answer every pending line, `concurrency` at once, charged to `key`'s
+        budget; False (the lines in flight aborted, and pending) once the server
+        takes no work now."""
         lines = iter(self.store.pending_lines(batch.id))
         unavailable: list[_Unavailable] = []
         async with trio.open_nursery() as nursery:
             for _ in range(self.concurrency):
                 nursery.start_soon(
-                    self._work_through, batch, lines, unavailable, nursery.cancel_scope
+                    self._work_through, batch, key, lines, unavailable, nursery.cancel_scope
                 )
         return not unavailable
 
     async def _work_through(
         self,
         batch: Batch,
+        key: str | None,
         lines: Iterator[BatchLine],
         unavailable: list[_Unavailable],
         stop: trio.CancelScope,
     ) -> None:
         for line in lines:  # shared by the workers: each line goes to one of them
             try:
-                status_code, body = await self._run_line(batch, line)
+                status_code, body = await self._run_line(batch, key, line)
             except _Unavailable as exc:
                 unavailable.append(exc)
                 stop.cancel()
@@ -191,9 +209,10 @@ class BatchRunner:
                 json.dumps(result),
             )
 
-    async def _run_line(self, batch: Batch, line: BatchLine) -> tuple[int, dict[str, Any]]:
+    async def _run_line(
+        self, batch: Batch, key: str | None, line: BatchLine
+    ) -> tuple[int, dict[str, Any]]:
         data = line.body.encode("utf-8")
-        key = self._payers.get(batch.id)
         # A line is a request of its key's, as it would be sent alone; unlike one, it
         # waits for the budget (here, and for its tokens where they are counted).
         await self.state.rate_limits.take_when_there(key, requests=1)

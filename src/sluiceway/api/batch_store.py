@@ -8,10 +8,13 @@ event loop's).
 
 Files and batches record their owner (`owners.py`); the calls a request makes
 take the owner it acts for and see only that owner's (None: every one). A
-batch's output and error files are its owner's. A file from before owners were
+batch's output and error files are its owner's. A batch also records the
+budgeted key that pays for its lines, hashed as owners are: its owner may be a
+project, which names no key to charge. A file from before owners were
 recorded opens with its files and batches owned by no one: visible only while
 no keys are configured, since nothing says whose they were; its unfinished
-batches still resume."""
+batches still resume (unbudgeted, as do those from before payers were
+recorded)."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, filename TEXT NOT NULL,"
     " purpose TEXT NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL, owner TEXT)",
     "CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, created_at INTEGER NOT NULL,"
-    " batch TEXT NOT NULL, owner TEXT)",
+    " batch TEXT NOT NULL, owner TEXT, payer TEXT)",
     "CREATE TABLE IF NOT EXISTS batch_lines (batch_id TEXT NOT NULL, line INTEGER NOT NULL,"
     " custom_id TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL, result TEXT,"
     " PRIMARY KEY (batch_id, line))",
@@ -60,10 +63,11 @@ class BatchStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         for statement in _SCHEMA:
             self._db.execute(statement)
-        for table in ("files", "batches"):
+        # A file written before owners, or payers, were recorded.
+        for table, column in (("files", "owner"), ("batches", "owner"), ("batches", "payer")):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            if "owner" not in columns:  # a file written before owners were recorded
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
         self._hash = OwnerHash.kept_in(self._db)
 
     def close(self) -> None:
@@ -129,18 +133,43 @@ class BatchStore:
 
     # ---- batches --------------------------------------------------------------
 
-    def add_batch(self, batch: Batch, lines: Sequence[BatchLine], *, owner: Owner | None) -> None:
+    def add_batch(
+        self,
+        batch: Batch,
+        lines: Sequence[BatchLine],
+        *,
+        owner: Owner | None,
+        payer: str | None,
+    ) -> None:
         """Stores a new batch of `owner`'s and its lines (all pending), in one
-        transaction."""
+        transaction; its lines are paid for by the budgeted key `payer` (None:
+        no budget), which is recorded only as its hash (`hash_payer`)."""
+        payer_hash = None if payer is None else self._hash.payer(payer)
         with self._transaction():
             self._db.execute(
-                "INSERT INTO batches (id, created_at, batch, owner) VALUES (?, ?, ?, ?)",
-                (batch.id, batch.created_at, json.dumps(batch.to_dict()), self._hash(owner)),
+                "INSERT INTO batches (id, created_at, batch, owner, payer) VALUES (?, ?, ?, ?, ?)",
+                (
+                    batch.id,
+                    batch.created_at,
+                    json.dumps(batch.to_dict()),
+                    self._hash(owner),
+                    payer_hash,
+                ),
             )
             self._db.executemany(
                 "INSERT INTO batch_lines VALUES (?, ?, ?, ?, 'pending', NULL)",
                 [(batch.id, ln.line, ln.custom_id, ln.body) for ln in lines],
             )
+
+    def hash_payer(self, key: str) -> str:
+        """What this store records for `key` as the payer of a batch."""
+        return self._hash.payer(key)
+
+    def batch_payer(self, batch_id: str) -> str | None:
+        """The hash recorded for the key that pays for the batch's lines (None:
+        none does, or the batch is unknown)."""
+        row = self._db.execute("SELECT payer FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return None if row is None else row[0]
 
     def put_batch(self, batch: Batch) -> None:
         """Replaces a stored batch's state (its counts always come from its lines)."""

@@ -6,7 +6,9 @@ it acts for no one (None), which sees every object and makes objects that
 belong to no one, as before keys could own anything. A store records an owner
 only as an HMAC-SHA256 of its name under a random salt of the store's own (kept
 in the SQLite file, so that it outlives a restart): a stolen store file names
-no key, and the same key hashes differently in every store. Another owner's
+no key, and the same key hashes differently in every store. The batch store
+records the budgeted key that pays for a batch's lines the same way, so that a
+later process finds which configured key it is. Another owner's
 object is answered as a missing one (404, never 403), so that no key learns
 that an id exists.
 """
@@ -47,7 +49,7 @@ def current_owner() -> Owner | None:
 
 @attrs.frozen
 class OwnerHash:
-    """Hashes owners under one store's salt."""
+    """Hashes owners, and the keys that pay for work, under one store's salt."""
 
     salt: bytes = attrs.field(repr=False, factory=lambda: os.urandom(32))
 
@@ -55,7 +57,16 @@ class OwnerHash:
         """What the store records for `owner` (None for no one)."""
         if owner is None:
             return None
-        return hmac.new(self.salt, owner.name.encode("utf-8"), hashlib.sha256).hexdigest()
+        return self._hmac(owner.name)
+
+    def payer(self, key: str) -> str:
+        """What the store records for the budgeted key that pays for a batch's
+        lines. Apart from the owner names, so that a file does not show whether a
+        batch's owner is the key that pays for it."""
+        return self._hmac(f"payer:{key}")
+
+    def _hmac(self, name: str) -> str:
+        return hmac.new(self.salt, name.encode("utf-8"), hashlib.sha256).hexdigest()
 
     @classmethod
     def kept_in(cls, db: sqlite3.Connection) -> OwnerHash:

@@ -172,9 +172,9 @@ async def create_batch() -> Response:
     if problems:
         batch = attrs.evolve(batch, status="failed", failed_at=now, errors=BatchErrors(problems))
         lines = []
-    runner.store.add_batch(batch, lines, owner=owner)
+    runner.store.add_batch(batch, lines, owner=owner, payer=budgeted_key())
     if not problems:
-        runner.submit(batch.id, budgeted_key())
+        runner.submit(batch.id)
     stored = runner.store.batch(batch.id, owner=owner)
     assert stored is not None
     return json_response(stored.to_dict())
