@@ -4,7 +4,7 @@ throughput at least 90% of interactive; TTFT p99 during a batch at most 1.5x
 idle.)
 
     .venv/bin/python benchmarks/batch_throughput.py [--lines 1000] [--max-tokens 16] \
-        [--concurrency 8] [--users 2] [--requests 20] [--server-flags "..."]
+        [--prompt-words 0] [--concurrency 8] [--users 2] [--requests 20] [--server-flags "..."]
 
 Starts `sluiceway serve` on the default model (loopback, its own port; stopped by
 its process id at the end), then:
@@ -35,28 +35,35 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "load_tests"))
 
-from batch_ttft import MODEL, completed_lines, interactive, poll_until, stop_batch
+from batch_ttft import MODEL, completed_lines, interactive, poll_until
 from load_server import ServerProcess
 
+PROMPT_WORDS = 0  # --prompt-words: more words of context before each line's question
+CONTEXT = "the river flows under a quiet bridge and on past the old mill toward the sea".split()
 
-def line_body(i: int, max_tokens: int) -> dict:
+
+def line_body(i: int, max_tokens: int, phase: str) -> dict:
+    # Each line and each phase opens its message differently, so that no phase
+    # finds another's prompts (nor a line another line's) in the prefix cache.
+    context = " ".join(CONTEXT[(i + j) % len(CONTEXT)] for j in range(PROMPT_WORDS))
+    question = f"{phase} {i}: {context} Tell me fact number {i} about rivers."
     return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": f"Tell me fact number {i} about rivers."}],
+        "messages": [{"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
     }
 
 
-async def start_batch(control: httpx.AsyncClient, lines: int, max_tokens: int) -> str:
+async def start_batch(control: httpx.AsyncClient, lines: int, max_tokens: int, phase: str) -> str:
     content = "".join(
         json.dumps(
             {
                 "custom_id": str(i),
                 "method": "POST",
                 "url": "/v1/chat/completions",
-                "body": line_body(i, max_tokens),
+                "body": line_body(i, max_tokens, phase),
             }
         )
         + "\n"
@@ -78,7 +85,7 @@ async def start_batch(control: httpx.AsyncClient, lines: int, max_tokens: int) -
 
 async def batch_seconds(control: httpx.AsyncClient, lines: int, max_tokens: int) -> float:
     started = time.perf_counter()
-    batch_id = await start_batch(control, lines, max_tokens)
+    batch_id = await start_batch(control, lines, max_tokens, "Batch")
 
     async def done() -> bool:
         status = (await control.get(f"/v1/batches/{batch_id}")).json()["status"]
@@ -97,7 +104,9 @@ async def interactive_seconds(url: str, lines: int, max_tokens: int, concurrency
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
             for i in next_line:
                 (
-                    await client.post("/v1/chat/completions", json=line_body(i, max_tokens))
+                    await client.post(
+                        "/v1/chat/completions", json=line_body(i, max_tokens, "Interactive")
+                    )
                 ).raise_for_status()
 
     started = time.perf_counter()
@@ -105,6 +114,17 @@ async def interactive_seconds(url: str, lines: int, max_tokens: int, concurrency
         for _ in range(concurrency):
             nursery.start_soon(worker)
     return time.perf_counter() - started
+
+
+async def stop_batch(control: httpx.AsyncClient, batch_id: str) -> None:
+    """Cancel the batch and wait until it has ended, cancelled or already done."""
+    await control.post(f"/v1/batches/{batch_id}/cancel")
+
+    async def ended() -> bool:
+        status = (await control.get(f"/v1/batches/{batch_id}")).json()["status"]
+        return status in ("cancelled", "completed", "failed")
+
+    await poll_until(ended)
 
 
 def percentiles(times: list[float]) -> str:
@@ -132,7 +152,7 @@ async def main(args: argparse.Namespace) -> None:
             flush=True,
         )
         idle = await interactive(url, args.users, args.requests, args.pause)
-        batch_id = await start_batch(control, args.lines, args.max_tokens)
+        batch_id = await start_batch(control, args.lines, args.max_tokens, "Beside")
 
         async def in_full_flow() -> bool:
             return await completed_lines(control, batch_id) >= args.concurrency
@@ -152,9 +172,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--prompt-words", type=int, default=0, help="words of context before each question"
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--users", type=int, default=2)
     parser.add_argument("--requests", type=int, default=20, help="per user and phase")
     parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--server-flags", default="", help="more `sluiceway serve` flags")
-    trio.run(main, parser.parse_args())
+    arguments = parser.parse_args()
+    PROMPT_WORDS = arguments.prompt_words
+    trio.run(main, arguments)
