@@ -3,6 +3,7 @@ server on an ephemeral loopback port inside the test's nursery."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -20,6 +21,23 @@ from .fakes import ScriptedRunner
 
 MODEL = "test-model"  # the name tests/conftest.py serves under
 T = TypeVar("T")
+
+
+def record_finished_lines(
+    store: Any, answered: list[str], done: trio.Event | None = None, count: int = 0
+) -> None:
+    """Make the batch `store` add the `custom_id` of each line it finishes to
+    `answered`, and set `done` once `count` are there (a restart test stops the
+    server at a known line)."""
+    finish = store.finish_line
+
+    def finish_line(batch_id: str, line: int, status: Any, result: str) -> None:
+        answered.append(json.loads(result)["custom_id"])
+        finish(batch_id, line, status, result)
+        if done is not None and len(answered) == count:
+            done.set()
+
+    store.finish_line = finish_line
 
 
 async def in_thread(fn: Callable[[], T]) -> T:

@@ -15,10 +15,9 @@ import pytest
 import trio
 
 from server_helpers import eventually
-from sluiceway.api.batch_store import BatchStore
 from sluiceway.config import EngineConfig
 
-from .conftest import MODEL, in_thread
+from .conftest import MODEL, in_thread, record_finished_lines
 from .fakes import PoolingRunner, ScriptedRunner
 
 C = "/v1/chat/completions"
@@ -250,23 +249,12 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
     lines = [chat_line(f"line-{i}", f"question {i}", max_tokens=3) for i in range(8)]
     answered: list[list[str]] = [[], []]
 
-    def recording(store: BatchStore, round_: int) -> None:
-        finish = store.finish_line
-
-        def finish_line(batch_id: str, line: int, status: Any, result: str) -> None:
-            answered[round_].append(json.loads(result)["custom_id"])
-            finish(batch_id, line, status, result)
-            if round_ == 0 and len(answered[0]) == 3:
-                three_done.set()
-
-        store.finish_line = finish_line  # type: ignore[method-assign]
-
     three_done = trio.Event()
     runner.gated = True
     async with start_server(
         batch_store=path, batch_concurrency=1, engine_config=WHOLE_STEPS
     ) as server:
-        recording(server.state.batch_runner.store, 0)
+        record_finished_lines(server.state.batch_runner.store, answered[0], three_done, 3)
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
@@ -281,7 +269,7 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
             await three_done.wait()
     runner.open()
     async with start_server(batch_store=path) as server:
-        recording(server.state.batch_runner.store, 1)
+        record_finished_lines(server.state.batch_runner.store, answered[1])
         await batch_done(server)
         with client_for(server) as oai:
             done = await in_thread(lambda: oai.batches.retrieve(batch.id))

@@ -26,7 +26,7 @@ from sluiceway.api.batch_store import BatchStore
 from sluiceway.api.rate_limits import RateLimits, hold_tokens, load_key_budgets
 from sluiceway.config import EngineConfig, KeyBudget
 
-from .conftest import MODEL, in_thread
+from .conftest import MODEL, in_thread, record_finished_lines
 from .fakes import PoolingRunner, ScriptedRunner
 
 KEY = "budgeted"
@@ -321,25 +321,13 @@ async def test_a_batch_resumed_by_a_restart_is_paid_by_the_key_that_created_it(
     answered: list[list[str]] = [[], []]
     two_done = trio.Event()
 
-    def recording(server: Any, round_: int) -> None:
-        batch_store: BatchStore = server.state.batch_runner.store
-        finish = batch_store.finish_line
-
-        def finish_line(batch_id: str, number: int, status: Any, result: str) -> None:
-            answered[round_].append(json.loads(result)["custom_id"])
-            finish(batch_id, number, status, result)
-            if round_ == 0 and len(answered[0]) == 2:
-                two_done.set()
-
-        batch_store.finish_line = finish_line  # type: ignore[method-assign]
-
     # Lines one at a time, four steps each (the prompt, then three tokens): two
     # lines and part of the third, then the server stops.
     whole_steps = EngineConfig(burst_window=0, background_step_tokens=1024)
     config = {"batch_store": store, "batch_concurrency": 1, "engine_config": whole_steps}
     runner.gated = True
     async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
-        recording(server, 0)
+        record_finished_lines(server.state.batch_runner.store, answered[0], two_done, 2)
         with openai_client(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
@@ -351,7 +339,7 @@ async def test_a_batch_resumed_by_a_restart_is_paid_by_the_key_that_created_it(
         await two_done.wait()
     runner.open()
     async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
-        recording(server, 1)
+        record_finished_lines(server.state.batch_runner.store, answered[1])
         await server.state.batch_runner.idle.wait()
         tokens_left, requests_left = remaining(server), remaining(server, "requests")
         with openai_client(server) as oai:
