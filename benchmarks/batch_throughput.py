@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +33,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "load_tests"))
 
-from batch_ttft import MODEL, completed_lines, interactive, poll_until
-from load_server import ServerProcess
+from batch_ttft import MODEL, completed_lines, interactive, poll_until, warm_server
 
 PROMPT_WORDS = 0  # --prompt-words: more words of context before each line's question
 CONTEXT = "the river flows under a quiet bridge and on past the old mill toward the sea".split()
@@ -127,21 +124,21 @@ async def stop_batch(control: httpx.AsyncClient, batch_id: str) -> None:
     await poll_until(ended)
 
 
+def p99(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
 def percentiles(times: list[float]) -> str:
-    times = sorted(times)
-    p50 = times[len(times) // 2]
-    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-    return f"p50 {p50 * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms  ({len(times)} requests)"
+    p50 = sorted(times)[len(times) // 2]
+    return f"p50 {p50 * 1000:7.1f} ms  p99 {p99(times) * 1000:7.1f} ms  ({len(times)} requests)"
 
 
 async def main(args: argparse.Namespace) -> None:
-    flags = [*shlex.split(args.server_flags), "--batch-concurrency", str(args.concurrency)]
-    log = Path(tempfile.mkdtemp()) / "server.log"
-    with ServerProcess.sluiceway(flags, log) as server:
-        url = server.url
-        control = httpx.AsyncClient(base_url=url, timeout=60)
-        print(f"server pid {server.pid} at {url}, flags: {' '.join(flags)}", flush=True)
-        await interactive(url, args.users, 3, args.pause)  # warm-up
+    async with warm_server(args.server_flags, args.concurrency, args.users, args.pause) as (
+        url,
+        control,
+    ):
         batch = await batch_seconds(control, args.lines, args.max_tokens)
         ordinary = await interactive_seconds(url, args.lines, args.max_tokens, args.concurrency)
         print(
@@ -162,10 +159,7 @@ async def main(args: argparse.Namespace) -> None:
         await stop_batch(control, batch_id)
         print(f"TTFT idle:         {percentiles(idle)}")
         print(f"TTFT during batch: {percentiles(during)}")
-        idle_p99 = sorted(idle)[min(len(idle) - 1, round(0.99 * (len(idle) - 1)))]
-        during_p99 = sorted(during)[min(len(during) - 1, round(0.99 * (len(during) - 1)))]
-        print(f"TTFT p99 during batch / idle: x{during_p99 / idle_p99:.2f}", flush=True)
-        await control.aclose()
+        print(f"TTFT p99 during batch / idle: x{p99(during) / p99(idle):.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -172,14 +174,25 @@ async def stop_batch(control: httpx.AsyncClient, batch_id: str) -> None:
     await poll_until(cancelled)
 
 
-async def main(args: argparse.Namespace) -> None:
-    flags = [*shlex.split(args.server_flags), "--batch-concurrency", str(args.batch_concurrency)]
+@asynccontextmanager
+async def warm_server(
+    server_flags: str, batch_concurrency: int, users: int, pause: float
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+    """A `sluiceway serve` on the default model, warmed up by `users` clients:
+    its URL and a client for the batch calls; stopped by its process id on exit."""
+    flags = [*shlex.split(server_flags), "--batch-concurrency", str(batch_concurrency)]
     log = Path(tempfile.mkdtemp()) / "server.log"
     with ServerProcess.sluiceway(flags, log) as server:
-        url = server.url
-        control = httpx.AsyncClient(base_url=url, timeout=60)
-        print(f"server pid {server.pid} at {url}, flags: {' '.join(flags)}", flush=True)
-        await interactive(url, args.users, 3, args.pause)  # warm-up
+        print(f"server pid {server.pid} at {server.url}, flags: {' '.join(flags)}", flush=True)
+        await interactive(server.url, users, 3, pause)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as control:
+            yield server.url, control
+
+
+async def main(args: argparse.Namespace) -> None:
+    async with warm_server(
+        args.server_flags, args.batch_concurrency, args.users, args.pause
+    ) as (url, control):
         idle_all: list[float] = []
         batch_all: list[float] = []
         ratios = []
@@ -223,7 +236,6 @@ async def main(args: argparse.Namespace) -> None:
             during = done[0] - before
             nursery.cancel_scope.cancel()
         print(summary("ordinary", ordinary_times, statistics.median(idle_all), during), flush=True)
-        await control.aclose()
 
 
 if __name__ == "__main__":
