@@ -9,7 +9,7 @@ with enums, bounds and optional fields) on the default model's tokenizer, prints
   the ones a real constrained decode computes), median over the document's tokens.
 
 Run: `python benchmarks/grammar_backends.py` (needs both packages installed; the
-server depends on one, see README "Structured outputs").
+server depends on one, see docs/structured-outputs.md, "Why llguidance").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Constrained decoding: what a choice's output must match, compiled into per-token
-masks by llguidance (README, "Structured outputs", says why that library).
+masks by llguidance (docs/structured-outputs.md, "Why llguidance", says why).
 
 `spec` says what to constrain to (JSON Schema, regex, a Lark grammar, tool calls)
 in plain data; `compiler` turns a spec into a grammar whose matchers follow one
