@@ -18,6 +18,7 @@ import llguidance.numpy
 import numpy as np
 
 from sluiceway.grammar.compiler import GrammarMatcher
+from sluiceway.grammar.thinking import ThinkingMatcher, mask_sources
 
 _lock = threading.Lock()
 _thread: concurrent.futures.ThreadPoolExecutor | None = None
@@ -56,17 +57,27 @@ class TokenMasks:
             self.wait_seconds += time.perf_counter() - start
 
 
-def start_fill(rows: Sequence[tuple[int, GrammarMatcher]]) -> TokenMasks:
+def start_fill(rows: Sequence[tuple[int, GrammarMatcher | ThinkingMatcher]]) -> TokenMasks:
     """Start filling the masks of `(row, matcher)` pairs (at least one, all of one
-    vocabulary). The matchers must not change until `wait()` has returned."""
+    vocabulary): `GrammarMatcher`s, or `ThinkingMatcher`s, whose rows are left
+    out while they think freely and allow one token while they force a tag. The
+    matchers must not change until `wait()` has returned."""
     thread, executor = _pool()
-    matchers = [(matcher.raw, i) for i, (_, matcher) in enumerate(rows)]
     vocab_size = rows[0][1].vocab_size
+    masked = [(row, source) for row, source in mask_sources(rows) if source is not None]
+    matchers = [
+        (source.raw, i) for i, (_, source) in enumerate(masked) if isinstance(source, GrammarMatcher)
+    ]
+    forced = [(i, source) for i, (_, source) in enumerate(masked) if isinstance(source, int)]
 
     def fill() -> tuple[np.ndarray, float]:
         start = time.perf_counter()
-        bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), vocab_size)
-        llguidance.numpy.fill_next_token_bitmask_par(executor, matchers, bitmask)
+        bitmask = llguidance.numpy.allocate_token_bitmask(len(masked), vocab_size)
+        if matchers:
+            llguidance.numpy.fill_next_token_bitmask_par(executor, matchers, bitmask)
+        for i, token in forced:
+            bitmask[i] = 0
+            bitmask[i, token // 32] = np.array(1 << (token % 32), dtype=np.uint32).view(np.int32)
         return bitmask, time.perf_counter() - start
 
-    return TokenMasks([row for row, _ in rows], thread.submit(fill))
+    return TokenMasks([row for row, _ in masked], thread.submit(fill))
