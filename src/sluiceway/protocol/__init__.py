@@ -58,6 +58,9 @@ from sluiceway.protocol.responses import (
     OutputItem,
     OutputMessage,
     OutputText,
+    ReasoningItem,
+    ReasoningOptions,
+    ReasoningText,
     Response,
     ResponseCreateRequest,
     ResponseDeleted,
@@ -77,7 +80,7 @@ from sluiceway.protocol.tools import (
     ToolCall,
     ToolChoice,
 )
-from sluiceway.protocol.usage import PromptTokensDetails, Usage
+from sluiceway.protocol.usage import CompletionTokensDetails, PromptTokensDetails, Usage
 
 __all__ = [
     "Batch",
@@ -97,6 +100,7 @@ __all__ = [
     "CompletionChunk",
     "CompletionLogprobs",
     "CompletionRequest",
+    "CompletionTokensDetails",
     "DeltaFunctionCall",
     "DeltaMessage",
     "DeltaToolCall",
@@ -125,6 +129,9 @@ __all__ = [
     "OutputMessage",
     "OutputText",
     "PromptTokensDetails",
+    "ReasoningItem",
+    "ReasoningOptions",
+    "ReasoningText",
     "Response",
     "ResponseCreateRequest",
     "ResponseDeleted",

@@ -14,13 +14,16 @@ from sluiceway.protocol.usage import Usage
 @attrs.frozen
 class ChatMessage(Wire):
     """An assistant message in a non-streamed chat completion: its text, or null
-    when it is only `tool_calls`."""
+    when it is only `tool_calls`. `reasoning_content` is a reasoning model's
+    thinking, left out while the server parses none (vLLM's extension)."""
 
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
 
-    wire_omit_none = frozenset({"tool_calls"})
+    wire_order = ("role", "content", "reasoning_content", "tool_calls")
+    wire_omit_none = frozenset({"tool_calls", "reasoning_content"})
 
 
 @attrs.frozen
@@ -57,9 +60,12 @@ class DeltaMessage(Wire):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning_content: str | None = None
 
-    # A chunk that ends a choice, or carries only tool calls, has no content key.
-    wire_omit_none = frozenset({"role", "content", "tool_calls"})
+    wire_order = ("role", "content", "reasoning_content", "tool_calls")
+    # A chunk that ends a choice, or carries only tool calls or thinking, has no
+    # content key.
+    wire_omit_none = frozenset({"role", "content", "tool_calls", "reasoning_content"})
 
 
 @attrs.frozen

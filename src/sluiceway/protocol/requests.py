@@ -9,7 +9,7 @@ server's limit) the server checks after decoding.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import attrs
 from msgspec import Meta
@@ -34,6 +34,7 @@ from sluiceway.protocol.messages import ChatMessageParam
 from sluiceway.protocol.tools import ResponseFormat, StructuredOutputs, Tool, ToolChoice
 
 Conversation = Annotated[list[ChatMessageParam], Meta(min_length=1)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 TokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 Messages = Annotated[list[ChatMessageParam | Conversation], Meta(min_length=1)]
 """One conversation, or a batch of them (never both in one list: the server checks)."""
@@ -88,6 +89,12 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Reasoning models: what the chat template is given besides the messages
+    # (`{"enable_thinking": false}`; every key passes through, as in vLLM), and a
+    # cap on the thinking, after which its closing tag is written.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    max_reasoning_tokens: NonNegative | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -8,13 +8,13 @@ the server item by item (a 400 naming `input[i]...`), since their shapes vary by
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import attrs
 from msgspec import Meta
 
 from sluiceway.protocol._codec import Wire
-from sluiceway.protocol.constraints import Count, Temperature, TopP
+from sluiceway.protocol.constraints import Count, NonNegative, Temperature, TopP
 
 InputItems = Annotated[list[dict[str, Any]], Meta(min_length=1)]
 
@@ -43,6 +43,19 @@ class ResponseCreateRequest:
     metadata: dict[str, str] | None = None
     background: bool | None = None
     user: str | None = None
+    reasoning: ReasoningOptions | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # as on chat completions
+    max_reasoning_tokens: NonNegative | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningOptions:
+    """`reasoning`: `effort` caps the thinking as `reasoning_effort` does on chat
+    completions; `summary` asks for a summary of it (none is written: the
+    `reasoning` item carries the thinking itself, its `summary` stays empty)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 @attrs.frozen
@@ -83,7 +96,33 @@ class FunctionCallItem(Wire):
     wire_order = ("type", "id", "call_id", "name", "arguments", "status")
 
 
-OutputItem = OutputMessage | FunctionCallItem
+@attrs.frozen
+class ReasoningText(Wire):
+    text: str
+    type: str = "reasoning_text"
+
+    wire_order = ("type", "text")
+
+
+@attrs.frozen
+class ReasoningItem(Wire):
+    """A reasoning model's thinking, the output item before its answer: the
+    thinking as one `reasoning_text` part; `summary` is empty (none is written)."""
+
+    id: str
+    content: list[ReasoningText] = attrs.field(factory=list)
+    summary: list[Any] = attrs.field(factory=list)
+    status: str = "completed"
+    type: str = "reasoning"
+
+    wire_order = ("type", "id", "summary", "content", "status")
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.content)
+
+
+OutputItem = OutputMessage | FunctionCallItem | ReasoningItem
 
 
 @attrs.frozen
