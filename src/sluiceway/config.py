@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -161,6 +161,14 @@ class ServerConfig:
     batch_store: str | None = None
     # Batch API lines in the engine at once (`--batch-concurrency`).
     batch_concurrency: int = attrs.field(default=8, validator=_positive)
+    # Reasoning models (`--reasoning-parser`): the parser's name, "auto" for the
+    # model family's (or none), "none" to leave thinking inside `content`.
+    reasoning_parser: str = "auto"
+    # A chat template (its text) used instead of the model's (`--chat-template`).
+    chat_template: str | None = None
+    # What every chat template is given unless a request's `chat_template_kwargs`
+    # says otherwise (`--default-chat-template-kwargs`).
+    default_chat_template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
     def accepted_keys(self) -> tuple[str, ...]:
