@@ -122,3 +122,13 @@ def test_any_cut_of_the_text_splits_as_the_whole(
     whole_reasoning, whole_content = split_text(fmt, state, body)  # type: ignore[arg-type]
     assert (reasoning, content) == (whole_reasoning or "", whole_content)
     assert splitter.thought == (whole_reasoning is not None)
+
+
+def test_a_budget_given_in_tokens_wins_over_an_effort() -> None:
+    from sluiceway.reasoning import thinking_budget
+
+    assert thinking_budget(None, None) is None
+    assert thinking_budget(None, "none") == 0
+    assert thinking_budget(None, "low") == 1024
+    assert thinking_budget(None, "high") is None
+    assert thinking_budget(32, "high") == 32
