@@ -1,4 +1,4 @@
-"""`sluiceway serve | generate | chat | bench` entry points."""
+"""`sluiceway serve | generate | chat | bench | probe` entry points."""
 
 from __future__ import annotations
 
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub)
     _chat_parser(sub)
     _bench_parser(sub)
+    from sluiceway.probe.command import add_probe_parser
+
+    add_probe_parser(sub)
     return parser
 
 
