@@ -1,0 +1,232 @@
+"""Hub ids fetched from a stand-in hub into the Hugging Face cache: only what
+serving needs, reused afterwards, from the cache alone offline, resumed after
+a dropped connection, and one clear line for each way it can fail."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from hub_stand_in import StandInHub
+
+from sluiceway.hub import HubError, HubOptions, resolve_model
+from sluiceway.hub import fetch as fetch_module
+
+SHARD_1 = b"first shard " * 300
+SHARD_2 = b"second shard " * 200
+# Only these are fetched of `_model_repo`; the rest are other formats.
+SERVED = {
+    "config.json": json.dumps({"model_type": "llama"}).encode(),
+    "generation_config.json": b'{"eos_token_id": 2}',
+    "tokenizer.json": b'{"model": {}}',
+    "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
+    "special_tokens_map.json": b"{}",
+    "chat_template.jinja": b"{{ messages }}",
+    "modules.json": b"[]",
+    "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}',
+    "model.safetensors.index.json": json.dumps(
+        {
+            "weight_map": {
+                "a": "model-00001-of-00002.safetensors",
+                "b": "model-00002-of-00002.safetensors",
+                "c": "model-00001-of-00002.safetensors",
+            }
+        }
+    ).encode(),
+    "model-00001-of-00002.safetensors": SHARD_1,
+    "model-00002-of-00002.safetensors": SHARD_2,
+}
+NOT_SERVED = {
+    "pytorch_model.bin": b"pickle",
+    "pytorch_model.bin.index.json": b"{}",
+    "onnx/model.onnx": b"onnx",
+    "original/consolidated.00.pth": b"pickle",
+    "consolidated.safetensors": b"mistral",
+    "README.md": b"# a model",
+}
+
+
+def _model_repo(hub: StandInHub, repo_id: str = "org/tiny", **kw):
+    return hub.add_repo(repo_id, {**SERVED, **NOT_SERVED}, **kw)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()
+    }
+
+
+def test_a_hub_id_fetches_only_what_serving_needs_into_the_hub_cache(hub, hf_home):
+    repo = _model_repo(hub)
+    resolved = resolve_model("org/tiny")
+    snapshot = hf_home / "hub" / "models--org--tiny" / "snapshots" / repo.commit
+    assert resolved.path == str(snapshot)
+    assert resolved.served_name == "org/tiny"
+    assert _files(snapshot) == SERVED
+    assert (hf_home / "hub" / "models--org--tiny" / "refs" / "main").read_text() == repo.commit
+    fetched = {r.path.rpartition(f"/resolve/{repo.commit}/")[2] for r in hub.gets()}
+    assert fetched == set(SERVED)
+
+
+def test_a_local_path_wins_and_is_never_looked_up(hub, tmp_path, monkeypatch):
+    _model_repo(hub)
+    local = tmp_path / "org" / "tiny"
+    local.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("org/tiny").path == "org/tiny"
+    assert resolve_model(None).path is None
+    assert hub.requests == []
+
+
+def test_a_second_start_reuses_the_cache_and_needs_no_hub(hub, caplog):
+    _model_repo(hub)
+    first = resolve_model("org/tiny")
+    gets = len(hub.gets())
+    again = resolve_model("org/tiny")
+    assert again == first
+    assert len(hub.gets()) == gets  # asked which commit main is, fetched nothing
+    hub.stop()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_model("org/tiny") == first
+    assert "cannot reach" in caplog.text
+
+
+def test_offline_serves_from_the_cache_and_asks_the_hub_nothing(hub, monkeypatch):
+    _model_repo(hub)
+    first = resolve_model("org/tiny")
+    asked = len(hub.requests)
+    assert resolve_model("org/tiny", HubOptions(offline=True)) == first
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model("org/tiny") == first
+    assert len(hub.requests) == asked
+    with pytest.raises(HubError, match=r"org/other \(revision 'main'\) is not in the hub cache"):
+        resolve_model("org/other")
+    # A shard gone from the cache is named.
+    (Path(first.path) / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(HubError, match=r"lacks shards model-00002-of-00002\.safetensors"):
+        resolve_model("org/tiny")
+    assert len(hub.requests) == asked
+
+
+def test_a_revision_is_fetched_and_recorded_for_offline_starts(hub, hf_home):
+    repo = _model_repo(hub)
+    tagged = "ab" * 20  # the tag names another commit (of the same files, here)
+    repo.revisions["v2"] = tagged
+    resolved = resolve_model("org/tiny", HubOptions(revision="v2"))
+    assert Path(resolved.path).name == tagged
+    assert (hf_home / "hub" / "models--org--tiny" / "refs" / "v2").read_text() == tagged
+    assert resolve_model("org/tiny", HubOptions(revision="v2", offline=True)) == resolved
+    assert not (hf_home / "hub" / "models--org--tiny" / "refs" / "main").exists()
+
+
+def test_errors_are_one_line_each(hub, monkeypatch):
+    _model_repo(hub)
+    hub.add_repo("org/pickles", {"config.json": b"{}", **NOT_SERVED})
+    cases = {
+        "nobody/missing": r"model nobody/missing not found on http://127\.0\.0\.1:\d+ and no local "
+        r"directory of that name \(check the id; a private one needs --hf-token or HF_TOKEN\)",
+        "org/pickles": r"org/pickles has no weights in a format sluiceway serves \(safetensors or "
+        r"GGUF\); it holds: Mistral consolidated safetensors, ONNX, PyTorch \.pth/\.pt, PyTorch \.bin",
+    }
+    for model, message in cases.items():
+        with pytest.raises(HubError, match=f"^{message}$") as caught:
+            resolve_model(model)
+        assert "\n" not in str(caught.value)
+    with pytest.raises(HubError, match=r"^revision 'nope' not found in org/tiny$"):
+        resolve_model("org/tiny", HubOptions(revision="nope"))
+
+
+SECRET = "hf_not_this_one_0123456789"
+GRANTED = "hf_granted_9876543210"
+
+
+def test_a_gated_repo_says_how_to_get_access_and_never_shows_the_token(
+    hub, monkeypatch, caplog, hf_home
+):
+    caplog.set_level(logging.DEBUG)
+    _model_repo(hub, "org/gated", gated_token=GRANTED)
+    with pytest.raises(HubError) as caught:
+        resolve_model("org/gated")
+    assert str(caught.value) == (
+        f"org/gated is gated: accept its terms at {hub.url}/org/gated, then pass a token of "
+        "that account with --hf-token or HF_TOKEN (https://huggingface.co/settings/tokens)"
+    )
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(HubError) as caught:
+        resolve_model("org/gated")
+    assert str(caught.value) == (
+        f"org/gated is gated and the token given has no access: accept its terms at "
+        f"{hub.url}/org/gated with the account the token belongs to"
+    )
+    asked = [r for r in hub.requests if "/resolve/" in r.path]
+    assert asked[-1].headers["authorization"] == f"Bearer {SECRET}"
+    monkeypatch.delenv("HF_TOKEN")
+    resolved = resolve_model("org/gated", HubOptions(token=GRANTED))
+    assert _files(Path(resolved.path)) == SERVED
+    assert SECRET not in caplog.text and GRANTED not in caplog.text
+    assert GRANTED not in repr(HubOptions(token=GRANTED))
+
+
+def test_not_enough_disk_space_says_how_much_was_needed(hub, monkeypatch, hf_home):
+    _model_repo(hub)
+    monkeypatch.setattr(fetch_module, "free_bytes", lambda path: 1000)
+    needed = sum(len(v) for v in SERVED.values()) - len(SERVED["model.safetensors.index.json"])
+    with pytest.raises(HubError) as caught:
+        resolve_model("org/tiny")
+    message = str(caught.value)
+    assert message.startswith("not enough disk space for org/tiny: ")
+    assert f"{needed / 1024:.1f} KiB needed for 10 files, 1000 B free in {hf_home / 'hub'}" in message
+
+
+def test_a_disk_that_fills_during_the_download_is_named(hub, monkeypatch):
+    import errno
+
+    from huggingface_hub import file_download
+
+    _model_repo(hub)
+    real = file_download.http_get
+
+    def full(url, temp_file, **kw):
+        if url.endswith(".safetensors"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(url, temp_file, **kw)
+
+    monkeypatch.setattr(file_download, "http_get", full)
+    with pytest.raises(HubError, match=r"^disk full while fetching model-00001-of-00002\.safetensors "
+                       r"of org/tiny into .*: [\d.]+ KiB needed for \d+ files, .* free$"):
+        resolve_model("org/tiny")
+
+
+def test_a_dropped_connection_resumes_from_the_byte_it_reached(hub, quick_resume):
+    repo = _model_repo(hub)
+    hub.drop_once("org/tiny", "model-00001-of-00002.safetensors", after=1000)
+    resolved = resolve_model("org/tiny")
+    assert (Path(resolved.path) / "model-00001-of-00002.safetensors").read_bytes() == SHARD_1
+    gets = hub.gets(f"/resolve/{repo.commit}/model-00001-of-00002.safetensors")
+    assert [g.headers.get("range") for g in gets] == [None, "bytes=768-"]  # 3 chunks written
+
+
+def test_an_interrupted_download_leaves_no_partial_file_and_the_next_start_completes_it(
+    hub, hf_home, quick_resume
+):
+    repo = _model_repo(hub)
+    hub.drop_once("org/tiny", "model-00002-of-00002.safetensors", after=500)
+    hub.refuse_resumes = True
+    with pytest.raises(HubError, match=r"^the hub failed while sending model-00002"):
+        resolve_model("org/tiny")
+    storage = hf_home / "hub" / "models--org--tiny"
+    blobs = {p.name for p in (storage / "blobs").iterdir()}
+    assert not any(name.endswith(".incomplete") for name in blobs)
+    snapshot = storage / "snapshots" / repo.commit
+    assert not (snapshot / "model-00002-of-00002.safetensors").exists()
+    assert (snapshot / "model-00001-of-00002.safetensors").read_bytes() == SHARD_1
+    hub.refuse_resumes = False
+    resolved = resolve_model("org/tiny")
+    assert _files(Path(resolved.path)) == SERVED
+    interrupted = hub.gets(f"/resolve/{repo.commit}/model-00002-of-00002.safetensors")
+    # cut after one whole chunk; its resume refused; fetched whole by the next start
+    assert [g.headers.get("range") for g in interrupted] == [None, "bytes=256-", None]
+    for name in set(SERVED) - {"model-00002-of-00002.safetensors"}:  # fetched once
+        assert len(hub.gets(f"/resolve/{repo.commit}/{name}")) == 1, name
