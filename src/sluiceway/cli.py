@@ -20,6 +20,7 @@ from sluiceway.flags import (
     positive_int,
 )
 from sluiceway.fleet.kv_events_config import KVEventsConfig
+from sluiceway.hub import HubError, add_hub_flags, hub_options, resolve_model
 
 
 def _key_budgets(path: str) -> dict[str, KeyBudget]:
@@ -40,7 +41,9 @@ def _kv_events_config(text: str) -> KVEventsConfig:
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="the same as --model")
     add_model_flags(p)
+    add_hub_flags(p)
     add_engine_flags(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
@@ -117,6 +120,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text offline (no server)")
     p.add_argument("prompt", nargs="+", help="one or more prompts (each is a separate request)")
     add_model_flags(p)
+    add_hub_flags(p)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
@@ -157,6 +161,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     bench = p.add_subparsers(dest="bench", required=True)
     e = bench.add_parser("engine", help="in-process decode throughput against a transformers loop")
     add_model_flags(e)
+    add_hub_flags(e)
     e.add_argument("--batch-sizes", default="1,8,32,64")
     e.add_argument("--dtypes", default="float32,bfloat16")
     e.add_argument("--output-tokens", type=int, default=64)
@@ -224,12 +229,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     try:
+        _resolve_model(args)
         return int(args.handler(args))
-    except _model_load_error() as exc:
+    except (HubError, _model_load_error()) as exc:
         print(f"sluiceway: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """Put the local path of the model asked for in `args.model`: a hub id is
+    fetched into the hub cache (`sluiceway.hub`), and the name it is served
+    under defaults to the id as typed. `serve MODEL` is `serve --model MODEL`."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None:
+        if args.model is not None and args.model != tag:
+            raise HubError(f"two models given: {tag} and --model {args.model}")
+        args.model = tag
+    if not hasattr(args, "model") or not hasattr(args, "offline"):
+        return  # a command that loads no model
+    resolved = resolve_model(args.model, hub_options(args))
+    args.model = resolved.path
+    if hasattr(args, "served_model_name") and args.served_model_name is None:
+        args.served_model_name = resolved.served_name
 
 
 class _NotInstalled(Exception):

@@ -66,7 +66,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         # Spelled out rather than read from the registry, which imports torch:
         # `--help` stays quick. A test keeps the two lists equal.
-        help="HF model directory or .gguf file of a supported family (gemma2, "
+        help="HF model directory, .gguf file or hub id (ORG/NAME, or ORG/NAME-GGUF:QUANT for a "
+        "GGUF repository's quant) of a supported family (gemma2, "
         "gemma3_text, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, smollm3; "
         "default: the embedded SmolLM2-135M-Instruct)",
     )

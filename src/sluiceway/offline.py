@@ -9,6 +9,7 @@ import attrs
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.outputs import FinishReason
 from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.hub import HubOptions, resolve_model
 from sluiceway.model_engine import build_core, load_bundle
 
 Prompt = str | Sequence[int]
@@ -38,7 +39,10 @@ class LLM:
     `ModelConfig`). Engine limits are the keyword arguments of `EngineConfig`
     (e.g. `max_num_seqs=32`). `tensor_parallel_size=N` splits the model over N
     rank processes, spawned on the calling thread (they end with it, with
-    `close`, or at the latest when the interpreter exits).
+    `close`, or at the latest when the interpreter exits). `model` may be a hub
+    id (`ORG/NAME`, `ORG/NAME-GGUF:QUANT`), fetched into the Hugging Face cache at
+    `revision` with `hf_token` (None: `HF_TOKEN`), or from the cache alone when
+    `offline` (`sluiceway.hub`; it raises `HubError` when it cannot be had).
     """
 
     def __init__(
@@ -49,11 +53,16 @@ class LLM:
         attention_backend: str = "auto",
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
+        revision: str | None = None,
+        hf_token: str | None = None,
+        offline: bool = False,
         **engine_options: object,
     ) -> None:
         self.engine_config = EngineConfig(**engine_options)  # type: ignore[arg-type]
+        resolved = resolve_model(model, HubOptions(revision=revision, token=hf_token, offline=offline))
         model_config = ModelConfig(
-            model=model,
+            model=resolved.path,
+            served_model_name=resolved.served_name,
             dtype=dtype,  # type: ignore[arg-type]
             quantization=quantization,  # type: ignore[arg-type]
             attention_backend=attention_backend,  # type: ignore[arg-type]
