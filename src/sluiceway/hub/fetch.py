@@ -181,7 +181,6 @@ def _download(
         HfHubHTTPError,
         RepositoryNotFoundError,
     )
-    from huggingface_hub.utils import disable_progress_bars
 
     cache = hub_cache_dir()
     missing = [
@@ -210,18 +209,11 @@ def _download(
         if name in missing and not on_terminal:
             log.info("fetching %s (%s)", name, _size(sizes.get(name) or 0))
         try:
-            # huggingface_hub draws a bar per file on a terminal; elsewhere the
-            # lines above say what is fetched, and a bar's redraws would only
-            # clutter a log file.
-            if on_terminal:
-                path = hf_hub_download(
-                    repo_id, name, revision=commit, cache_dir=cache, endpoint=hub_endpoint(), token=token
-                )
-            else:
-                with disable_progress_bars("huggingface_hub"):
-                    path = hf_hub_download(
-                        repo_id, name, revision=commit, cache_dir=cache, endpoint=hub_endpoint(), token=token
-                    )
+            # huggingface_hub draws its bar per file where stderr is a terminal
+            # (tqdm's own test) and none elsewhere, where the line above says it.
+            path = hf_hub_download(
+                repo_id, name, revision=commit, cache_dir=cache, endpoint=hub_endpoint(), token=token
+            )
         except GatedRepoError:
             raise HubError(_gated(repo_id, token)) from None
         except RepositoryNotFoundError:
