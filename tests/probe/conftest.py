@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from grammar_runner import MaskFollowingRunner
 from sluiceway.api import RunningServer
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+
+STEP_S = 0.002
 
 
 @attrs.define
@@ -32,6 +35,10 @@ class ChoiceRunner:
     block_size: int = 16
 
     def step(self, batch: StepBatch) -> list[SampledToken]:
+        # A model's pace rather than a dictionary lookup's: a stream that the
+        # probe hangs up on must not be able to reach max_tokens before the
+        # abort lands. This runs in the engine's worker thread.
+        time.sleep(STEP_S)
         if batch.token_masks is not None:
             return self.masked.step(batch)
         return [

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from sluiceway.probe.context import (
@@ -56,7 +58,8 @@ async def disconnect_frees_work(ctx: ProbeContext) -> Outcome:
                 records[i] = rec
                 await ctx.read(s, rec, on_chunk)
         warm[i].set()
-        reached[0].set()
+        if i == 0:
+            reached[0].set()  # the kept stream ended: nothing more will come
 
     with refusal_means_unsupported("a streamed chat request"):
         async with trio.open_nursery() as nursery:
@@ -76,20 +79,35 @@ async def disconnect_frees_work(ctx: ProbeContext) -> Outcome:
                 scope.cancel()
             dropped_at = ctx.now()
             if at_drop is not None:
-                outcome = await _judge_by_gauges(ctx, at_drop, dropped_at)
+                left = TOKENS - max(output(i) for i in range(1, STREAMS))
+                outcome = await _judge_by_gauges(
+                    ctx, at_drop, dropped_at, lambda: output(0) - kept_before, left // 2
+                )
             else:
                 outcome = await _judge_by_rate(ctx, records[0], kept_before, target, reached)
             nursery.cancel_scope.cancel()
     return outcome
 
 
-async def _judge_by_gauges(ctx: ProbeContext, at_drop: Gauges, dropped_at: float) -> Outcome:
+async def _judge_by_gauges(
+    ctx: ProbeContext,
+    at_drop: Gauges,
+    dropped_at: float,
+    kept_since: Callable[[], int],
+    within_entries: int,
+) -> Outcome:
+    """Pass when the running gauge falls by the dropped streams within
+    ``FREE_WITHIN_S`` and before the kept stream has made ``within_entries`` more
+    entries: half what the dropped ones had left, so that, decoding on at the kept
+    stream's pace, they could not have reached max_tokens and ended on their own."""
     name = f"{at_drop.source} running"
-    ctx.numbers.update(gauge=at_drop.source, running_at_drop=at_drop.running)
+    ctx.numbers.update(
+        gauge=at_drop.source, running_at_drop=at_drop.running, within_entries=within_entries
+    )
     ctx.progress = f"waiting for {name} to fall below {at_drop.running:g}"
     readings = []
     with trio.move_on_after(FREE_WITHIN_S):
-        while True:
+        while kept_since() < within_entries:
             now = await ctx.gauges()
             if now is None:
                 break
@@ -103,12 +121,14 @@ async def _judge_by_gauges(ctx: ProbeContext, at_drop: Gauges, dropped_at: float
                     f"of {DROPPED} disconnects",
                 )
             await trio.sleep(POLL_S)
-    ctx.numbers["running_after"] = readings
+    waited = round(ctx.now() - dropped_at, 4)
+    ctx.numbers.update(running_after=readings, waited_s=waited, kept_entries_since=kept_since())
     last = readings[-1] if readings else at_drop.running
     return Outcome(
         False,
-        f"{name} still {last:g} (was {at_drop.running:g}) {FREE_WITHIN_S:g} s after "
-        f"{DROPPED} of {STREAMS} streams disconnected: the work runs on",
+        f"{name} still {last:g} (was {at_drop.running:g}) {waited:.2f} s and "
+        f"{kept_since()} kept-stream entries after {DROPPED} of {STREAMS} streams "
+        "disconnected: the work runs on",
     )
 
 
