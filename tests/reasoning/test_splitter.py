@@ -132,3 +132,13 @@ def test_a_budget_given_in_tokens_wins_over_an_effort() -> None:
     assert thinking_budget(None, "low") == 1024
     assert thinking_budget(None, "high") is None
     assert thinking_budget(32, "high") == 32
+
+
+def test_passes_through_once_the_answer_flows() -> None:
+    splitter = ReasoningSplitter.for_prompt(QWEN3, "fresh")
+    assert not splitter.passes_through
+    splitter.feed("<think>x</think>")
+    assert not splitter.passes_through  # blanks before the answer are still dropped
+    splitter.feed("\n\nA")
+    assert splitter.passes_through
+    assert ReasoningSplitter.for_prompt(QWEN3, "closed").passes_through

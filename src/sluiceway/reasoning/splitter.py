@@ -83,6 +83,12 @@ class ReasoningSplitter:
             self.reasoning_tokens += tokens
         return Split("".join(reasoning), "".join(content))
 
+    @property
+    def passes_through(self) -> bool:
+        """Whether the next delta is all answer, as it comes: the thinking is over
+        and nothing is held back (a caller may skip `feed` for such deltas)."""
+        return self.phase is Phase.ANSWER and self._answer_started and not self._pending
+
     def finish(self) -> Split:
         """Release what is held back: an unfinished tag is text of the part it was
         in; an output that never closed its thinking is all thinking."""
