@@ -211,6 +211,7 @@ def configure_logging() -> None:
     health probe, 1,445 in one sweep, between its tables)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's, the same per request
 
 
 def main(argv: Sequence[str] | None = None) -> int:
