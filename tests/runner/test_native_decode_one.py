@@ -130,11 +130,13 @@ def test_models_without_quantized_weights_have_no_fused_step(tiny_llama, dtype):
 @needs_bf16_kernels
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_no_fused_step_where_the_matvec_kernels_are_missing(tiny_llama, quantization, monkeypatch):
-    """A CPU without AVX512-BF16 builds the other kernels but not the quantized
-    matrix-vector ones: the layer loop must serve its one-token steps."""
+    """A CPU without AVX512-BF16 (and without the integer dot products of
+    int8_dot.c) builds the other kernels but not the quantized matrix-vector ones:
+    the layer loop must serve its one-token steps."""
     from sluiceway.runner import linear
     from sluiceway.runner.native import decode_one
 
+    monkeypatch.setattr(linear, "_tiles_wanted", lambda weight: False)
     monkeypatch.setattr(linear, "int4_matvec_available", lambda in_features: False)
     monkeypatch.setattr(decode_one, "int8_matvec_available", lambda in_features: False)
     runner = _runner(tiny_llama, fused=True, quantization=quantization)

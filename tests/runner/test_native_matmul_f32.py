@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from sluiceway.runner import linear
 from sluiceway.runner.linear import (
     FLOAT32_HEAD_QUANTIZED_MAX_ROWS,
     FLOAT32_QUANTIZED_MAX_ROWS,
@@ -29,6 +30,16 @@ pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None or not quantized_matmul_f32_available(),
     reason="needs a C compiler and a CPU with AVX2 and FMA",
 )
+
+
+@pytest.fixture(autouse=True)
+def _float_activation_kernels():
+    """Layers built here take the float-activation kernels this file tests; the
+    int8-activation ones, which layers take where the CPU runs them, are
+    test_int8_dot.py's."""
+    linear.use_int8_activation_kernels(False)
+    yield
+    linear.use_int8_activation_kernels(None)
 
 
 def assert_float32_product(got, x, weight, magnitude):

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from sluiceway.runner import linear
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native.quantized_matvec import (
     int4_matvec,
@@ -20,6 +21,16 @@ pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None or not int4_matvec_available(64),
     reason="needs a C compiler and a CPU with AVX512-BF16",
 )
+
+
+@pytest.fixture(autouse=True)
+def _float_activation_kernels():
+    """Layers built here take the float-activation kernels this file tests; the
+    int8-activation ones, which layers take where the CPU runs them, are
+    test_int8_dot.py's."""
+    linear.use_int8_activation_kernels(False)
+    yield
+    linear.use_int8_activation_kernels(None)
 
 
 def _quantized(out_features: int, in_features: int, seed: int):

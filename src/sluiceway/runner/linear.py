@@ -17,6 +17,12 @@ kernels win there; from about 8 rows on they lose to the dense bf16 matmul
 calls. Both compute with the same (quantized) weight values, so a sequence sees the
 same model whichever path its batch takes (in half precision the two round
 differently, a rounding apart).
+Where the CPU has integer SIMD dot products (AVX2, AVX-VNNI, AVX512-VNNI), the
+quantized weight is also repacked at construction into `native/int8_dot.c`'s
+tiles, whichever way it was built (quantized here, or from a checkpoint's own
+blocks), and that kernel serves the quantized calls: it quantizes the activations
+to int8 per block of 32 and reads each weight byte once, near the memory bound
+(`benchmarks/decode_bound.py`). The float-activation kernels serve the rest.
 The quantized kernels are CPU kernels, so quantization is refused on other
 devices. It is a speed option, not a memory one: a quantized layer holds its
 dense copy as well (bf16 plus a quarter to a half; int4 in bfloat16 on an
@@ -29,6 +35,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from sluiceway.runner.native import int8_dot as int8_dot_kernel
+from sluiceway.runner.native.int8_dot import TiledWeight, pack_int4_tiles, pack_int8_tiles
 from sluiceway.runner.native.quantized_matmul_f32 import (
     int4_matmul_f32,
     int8_matmul_f32,
@@ -52,6 +60,57 @@ QUANTIZED_MAX_ROWS = 8
 # so its int8 kernel wins up to 32. The figures: docs/benchmarks.md.
 FLOAT32_QUANTIZED_MAX_ROWS = 16
 FLOAT32_HEAD_QUANTIZED_MAX_ROWS = 32
+
+# Whether layers built from now on pack their weights for the int8-activation
+# kernels (`native/int8_dot.py`): None lets the CPU decide; benchmarks set it to
+# compare both kernel sets in one process.
+_int8_activation_kernels: bool | None = None
+
+
+def use_int8_activation_kernels(on: bool | None) -> None:
+    """Force (True), refuse (False) or leave to the CPU (None) the int8-activation
+    kernels for layers constructed after this call."""
+    global _int8_activation_kernels
+    _int8_activation_kernels = on
+
+
+def _tiles_wanted(weight: torch.Tensor) -> bool:
+    """Whether a CPU weight of this dtype is packed for `int8_dot`: bfloat16 or
+    float32, and a level with integer SIMD dot products here (or forced on)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if _int8_activation_kernels is not None:
+        return _int8_activation_kernels and int8_dot_kernel.best_level() >= 0
+    return int8_dot_kernel.integer_level()
+
+
+def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
+    """`int8_dot`'s tiles of the values a native int4 packing holds: `pack_int4`'s
+    bfloat16 one (`(q - 8) * scale + offset`) or `pack_int4_f32`'s float32 one
+    (`q * scale + bias`, whose offset `bias + 8 * scale` is the stored one to a
+    float32 rounding)."""
+    out_features, row_bytes = native.shape
+    scale_bytes = 2 if dtype == torch.bfloat16 else 4
+    # nibbles in / 2 bytes, then in / 32 scales and as many offsets (or biases)
+    in_features = row_bytes * 32 // (16 + 2 * scale_bytes)
+    nibbles = native[:, : in_features // 2].reshape(out_features, -1, 1, 32)
+    q = torch.cat([nibbles & 15, nibbles >> 4], dim=2).reshape(out_features, in_features)
+    tail = native[:, in_features // 2 :].contiguous()
+    values = tail.view(torch.bfloat16 if scale_bytes == 2 else torch.float32).float()
+    scales, offsets = values.chunk(2, dim=1)
+    if scale_bytes == 4:
+        offsets = offsets + 8.0 * scales
+    scale_dtype = torch.bfloat16 if scale_bytes == 2 else torch.float32
+    return pack_int4_tiles(q, scales, offsets, scale_dtype)
+
+
+def _tiled_matmul(tiled: TiledWeight | None, x: torch.Tensor) -> torch.Tensor | None:
+    """`int8_dot` of `x` where the layer has tiles and the kernel takes `x`; None
+    otherwise. It serves every row count the quantized path gets (in passes of 8
+    rows over the weight)."""
+    if tiled is None:
+        return None
+    return int8_dot_kernel.int8_dot(x, tiled)
 
 
 def _mkldnn_packable(weight: torch.Tensor) -> bool:
@@ -83,6 +142,13 @@ class Int8Weight:
 
     q: torch.Tensor  # int8 [out, in]
     scales: torch.Tensor  # [out], the activation dtype
+    # The same values in `int8_dot`'s layout, packed at construction where that
+    # kernel runs (see `_tiles_wanted`); None elsewhere.
+    tiled: TiledWeight | None = attrs.field(default=None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.tiled is None and self.q.dim() == 2 and _tiles_wanted(self.scales):
+            object.__setattr__(self, "tiled", pack_int8_tiles(self.q, self.scales))
 
     @classmethod
     def quantize(
@@ -100,8 +166,12 @@ class Int8Weight:
         return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        # Decode rows: the native kernel where it takes them (bfloat16 at one row,
+        # Decode rows: the int8-activation kernel where the layer has its tiles,
+        # else the float kernels where they take them (bfloat16 at one row,
         # float32 at any count), torch's otherwise.
+        y = _tiled_matmul(self.tiled, x)
+        if y is not None:
+            return y
         if x.dtype is torch.float32:
             y = int8_matmul_f32(x, self.q, self.scales)
             if y is not None:
@@ -131,6 +201,23 @@ class Int4Weight:
     scales_and_offsets: torch.Tensor  # [in // group_size, out, 2], the activation dtype
     group_size: int
     native: torch.Tensor | None = None  # uint8, `pack_int4`'s layout
+    # The same values in `int8_dot`'s layout where that kernel runs (see
+    # `_tiles_wanted`); `native` is then not kept.
+    tiled: TiledWeight | None = attrs.field(default=None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        # A weight built from its parts (a checkpoint's own int4 blocks) with a
+        # native packing is repacked from it, so every int4 layer takes the tiles.
+        if (
+            self.tiled is None
+            and self.native is not None
+            and self.group_size == 32
+            and _tiles_wanted(self.scales_and_offsets)
+        ):
+            object.__setattr__(
+                self, "tiled", _tiles_from_native(self.native, self.scales_and_offsets.dtype)
+            )
+            object.__setattr__(self, "native", None)
 
     @classmethod
     def quantize(
@@ -154,8 +241,11 @@ class Int4Weight:
         sz = torch.cat([scale, offset], dim=-1)  # [out, groups, 2]
         dequantized = ((q - 8.0) * scale + offset).reshape(out_features, in_features)
         q_rows = q.to(torch.int32).reshape(out_features, in_features)
-        native = None
-        if group_size == 32 and weight.device.type == "cpu" and in_features % 64 == 0:
+        native = tiled = None
+        if group_size == 32 and _tiles_wanted(weight):
+            scale_dtype = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+            tiled = pack_int4_tiles(q_rows, scale[..., 0], offset[..., 0], scale_dtype)
+        elif group_size == 32 and weight.device.type == "cpu" and in_features % 64 == 0:
             if weight.dtype == torch.bfloat16 and int4_matvec_available(in_features):
                 native = pack_int4(q_rows, scale[..., 0], offset[..., 0])
             elif weight.dtype == torch.float32 and quantized_matmul_f32_available():
@@ -165,10 +255,14 @@ class Int4Weight:
             scales_and_offsets=sz.transpose(0, 1).contiguous().to(weight.dtype),
             group_size=group_size,
             native=native,
+            tiled=tiled,
         )
         return packed, dequantized
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        y = _tiled_matmul(self.tiled, x)
+        if y is not None:
+            return y
         if self.native is not None:
             if x.dtype is torch.float32:
                 y = int4_matmul_f32(x, self.native)

@@ -1,7 +1,8 @@
 /* One sequence's decode step through every decoder layer, in one call, for models
  * whose four projections per layer are int4 or int8: bfloat16 ones on the AVX512-BF16
  * kernels (int4_matvec_bf16, int8_matvec_bf16), float32 ones on the AVX2 kernels
- * (int4_matmul_f32, int8_matmul_f32 at one row).
+ * (int4_matmul_f32, int8_matmul_f32 at one row); or, for weights packed in
+ * int8_dot.c's tiles (`bits` with TILED set), either dtype on int8_dot.
  *
  * At batch 1 the Python layer loop (about 10 kernel calls per layer, each with its
  * argument checks and a tensor allocation) was a fifth of a bfloat16 int4 step, and
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "int8_dot.c"
 #include "quantized_matvec.c"
 #include "quantized_matmul_f32.c"
 #include "layer_ops.c"
@@ -23,6 +25,9 @@
 /* The pointers of one layer, in this order, as int64 (see `decode_one.py`). Each
  * projection has its weight, its int8 row scales (0 for int4) and its bias (0 for
  * none). */
+/* Set in `bits` when the projections are int8_dot.c's tiles. */
+#define TILED 16
+
 enum {
     INPUT_NORM,
     POST_NORM,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
+from sluiceway.runner.native import int8_dot
 from sluiceway.runner.native.library import bind
 from sluiceway.runner.native.paged_decode import native_decode_takes
 from sluiceway.runner.native.quantized_matmul_f32 import quantized_matmul_f32_available
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from sluiceway.runner.models.layer import LayerWeights
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_ARGTYPES = [_P, _P, _I, _N] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N]
+_ARGTYPES = [_P, _P, _I, _N] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N, _N]
+TILED = 16  # decode_one.c's flag for int8_dot's tiles
 _ERRORS = {
     1: "shapes the native kernels do not take",
     2: "out of memory",
@@ -49,11 +51,18 @@ def _int8_kernel_takes(dtype: torch.dtype, in_features: int) -> bool:
 
 def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
     """`(bits, weight, int8 row scales or None)` of a projection the C step takes, in
-    a bfloat16 or float32 model: int4 with its dtype's native packing, or int8 with
-    scales of its dtype over whole groups of 32 inputs; None for anything else."""
+    a bfloat16 or float32 model: int4 or int8 in `int8_dot`'s tiles (`bits` with
+    TILED set), int4 with its dtype's native packing, or int8 with scales of its
+    dtype over whole groups of 32 inputs; None for anything else."""
     quantized = linear.quantized
     if linear.dtype not in _SUFFIXES:
         return None
+    tiled = getattr(quantized, "tiled", None)
+    if tiled is not None:
+        # The C step reads int4 scales as the model's dtype.
+        if tiled.bits == 4 and tiled.scale_bytes != linear.dtype.itemsize:
+            return None
+        return tiled.bits | TILED, tiled.data, None
     if isinstance(quantized, Int4Weight) and quantized.native is not None:
         return 4, quantized.native, None
     if (
@@ -196,6 +205,7 @@ class OneTokenDecode:
             meta.scale,
             eps,
             torch.get_num_threads(),
+            int8_dot.level(),
         )
         if status:
             raise RuntimeError(f"the one-token decode step failed: {_ERRORS.get(status, status)}")

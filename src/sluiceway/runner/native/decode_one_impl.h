@@ -13,9 +13,13 @@ static void NAME(add_bias)(T *y, const T *bias, int64_t n) {
 }
 
 static int NAME(matvec)(int bits, const T *x, int64_t in, const int64_t *layer, int which,
-                        int64_t out, T *y, int num_threads) {
+                        int64_t out, T *y, int level, int num_threads) {
+    const int is_bf16 = sizeof(T) == 2;
     const int status =
-        bits == 4 ? INT4_MATVEC(x, in, (const uint8_t *)(intptr_t)layer[which], out, y,
+        bits & TILED ? int8_dot(bits & ~TILED, x, is_bf16, 1, in,
+                                (const uint8_t *)(intptr_t)layer[which], out, (int)sizeof(T), y,
+                                is_bf16, level, num_threads)
+        : bits == 4 ? INT4_MATVEC(x, in, (const uint8_t *)(intptr_t)layer[which], out, y,
                                 num_threads)
                   : INT8_MATVEC(x, in, (const int8_t *)(intptr_t)layer[which],
                                 (const T *)(intptr_t)layer[which + 1], out, y, num_threads);
@@ -25,7 +29,8 @@ static int NAME(matvec)(int bits, const T *x, int64_t in, const int64_t *layer, 
 
 /* `hidden` [hidden_size]: the token's embedding in, the residual stream after the
  * last layer out (before the final norm). `layers` [num_layers, POINTERS_PER_LAYER];
- * `bits` 4 or 8, the projections' quantization.
+ * `bits` 4 or 8, the projections' quantization, plus TILED for int8_dot's tiles
+ * (int4 ones with scales of type T), which run at ISA `level`.
  * `cos`, `sin` [head_dim] (sin's first half negated); `slot` where this token's k/v
  * go; `table` [max_blocks] and `seq_len` its context after this token. Returns 0, 1
  * for shapes the kernels do not take, 2 when memory ran out, 3 for a slot outside
@@ -35,8 +40,8 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
                     int64_t head_dim, int64_t intermediate, const T *cos,
                     const T *sin, const int64_t *slot, int64_t num_slots,
                     const int32_t *table, int64_t max_blocks, const int32_t *seq_len,
-                    int64_t block_size, float scale, float eps, int num_threads) {
-    if (bits != 4 && bits != 8) return 1;
+                    int64_t block_size, float scale, float eps, int num_threads, int level) {
+    if ((bits & ~TILED) != 4 && (bits & ~TILED) != 8) return 1;
     if (*seq_len < 1 || *seq_len > max_blocks * block_size) return 4;
     const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
@@ -53,7 +58,7 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
         const int64_t *layer = layers + i * POINTERS_PER_LAYER;
         T *k_cache = (T *)(intptr_t)layer[K_CACHE];
         T *v_cache = (T *)(intptr_t)layer[V_CACHE];
-        if ((status = NAME(matvec)(bits, x, hidden_size, layer, QKV, qkv_size, qkv, num_threads))) break;
+        if ((status = NAME(matvec)(bits, x, hidden_size, layer, QKV, qkv_size, qkv, level, num_threads))) break;
         const int rope = NAME(rope_cache)(qkv, cos, sin, slot, q, k_cache, v_cache, 1, num_heads,
                                          num_kv_heads, head_dim, num_slots, num_threads);
         if (rope) {
@@ -64,14 +69,14 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
                                    num_heads, num_kv_heads, head_dim, block_size, scale,
                                    num_threads, 0, 0)))
             break;
-        if ((status = NAME(matvec)(bits, attn, q_size, layer, O, hidden_size, proj, num_threads))) break;
+        if ((status = NAME(matvec)(bits, attn, q_size, layer, O, hidden_size, proj, level, num_threads))) break;
         NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POST_NORM], x, 1,
                           hidden_size, eps, num_threads);
         if ((status = NAME(matvec)(bits, x, hidden_size, layer, GATE_UP, 2 * intermediate, gate_up,
-                             num_threads)))
+                             level, num_threads)))
             break;
         NAME(silu_mul)(gate_up, act, 1, intermediate, num_threads);
-        if ((status = NAME(matvec)(bits, act, intermediate, layer, DOWN, hidden_size, proj, num_threads)))
+        if ((status = NAME(matvec)(bits, act, intermediate, layer, DOWN, hidden_size, proj, level, num_threads)))
             break;
         if (i + 1 < num_layers) {
             NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POINTERS_PER_LAYER + INPUT_NORM], x, 1,

@@ -1,0 +1,562 @@
+/* Weight-only int4 and int8 products with int8 activations: y[r, o] = sum_i x[r, i] *
+ * w[o, i] for a few rows r (decode), with the dot products in integers.
+ *
+ * A decode step streams every weight once, so it is bound by memory if the
+ * arithmetic keeps up. Converting each weight to a float (the bfloat16 and float32
+ * kernels, quantized_matvec.c and quantized_matmul_f32.c) costs several
+ * instructions per 32 weights per row; here each activation row is quantized once
+ * per call, per block of 32 inputs, to int8 with a float32 scale (llama.cpp's
+ * Q8_0), and 64 weight bytes meet 4 activation bytes in one instruction:
+ * `vpdpbusd` (AVX512-VNNI, 16 int32 lanes; AVX-VNNI, 8) or `vpmaddubsw` +
+ * `vpmaddwd` (AVX2). Integer sums are exact; each block's sum becomes a float once.
+ *
+ * Layout (`int8_dot.py` packs it at load time): output rows in tiles of TILE = 16,
+ * the last tile padded with zero rows; inside a tile, for each block of 32 inputs,
+ * 4-input pieces of the 16 rows side by side, so one 64-byte load holds the same 4
+ * inputs of all 16 rows and one vpdpbusd against those 4 activation bytes
+ * (broadcast) adds them to the 16 rows' lanes: no horizontal sums, and each
+ * thread streams its tiles front to back (llama.cpp repacks Q4_0 the same way, in
+ * 8-row tiles).
+ *
+ * int4, per tile and group g of 32 inputs (w = (q - 8) * scale + offset, q 0..15,
+ * `Int4Weight`'s values):
+ *   256 bytes  piece s = 0..3 is 64 bytes; byte 4r + j holds q[r, 32g + 4s + j] in
+ *              its low nibble and q[r, 32g + 16 + 4s + j] in its high one
+ *   scales     16 values (row r's scale of group g), bfloat16 or float32
+ *   offsets    16 values, the same type
+ * Group g of row r adds scale * dx * (sum (q - 8) * xq) + offset * dx * sum xq, the
+ * integer sums exact, with dx the activations' block scale.
+ * int8, per tile (w = q * scale[o], `Int8Weight`'s values, the input padded with
+ * zero columns to a multiple of 32):
+ *   per block b of 32 inputs, 512 bytes: piece c = 0..7 is 64 bytes; byte 4r + j
+ *              holds q[r, 32b + 4c + j] + 128 (unsigned, for vpdpbusd)
+ *   scales     16 float32, one per row, after the last block
+ * Row r adds dx * (sum (q + 128) * xq - 128 * sum xq) per block, times its scale.
+ *
+ * ISA levels (`int8_dot_best_level`; a caller may ask for a lower one to test it):
+ * 3 AVX512-VNNI, 2 AVX-VNNI, 1 AVX2, 0 portable C. Every x86 level is compiled
+ * with its own target attribute and chosen at run time; other CPUs get level 0.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_math.h"
+#include "thread_rows.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define X86 1
+#else
+#define X86 0
+#endif
+
+#define TILE 16
+#define BLOCK 32
+/* Activation rows per pass over a tile: their accumulators fit the registers. */
+#define MAX_ROWS 8
+
+enum { LEVEL_SCALAR, LEVEL_AVX2, LEVEL_AVXVNNI, LEVEL_AVX512VNNI };
+
+int int8_dot_best_level(void) {
+#if X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) return LEVEL_AVX512VNNI;
+    if (__builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2")) return LEVEL_AVXVNNI;
+    if (__builtin_cpu_supports("avx2")) return LEVEL_AVX2;
+#endif
+    return LEVEL_SCALAR;
+}
+
+/* Bytes of one tile. */
+static int64_t int4_tile_bytes(int64_t k, int scale_bytes) { return (k / BLOCK) * (256 + 32 * scale_bytes); }
+static int64_t int8_tile_bytes(int64_t k) { return ((k + BLOCK - 1) / BLOCK) * 512 + 4 * TILE; }
+
+/* ---- activations ---------------------------------------------------------------- */
+
+/* Activation rows quantized per block: `xq` [m, blocks * 32] (zero past k), `dx`
+ * [m, blocks] the scales, `sx` [m, blocks] the sums of xq. */
+typedef struct {
+    int8_t *xq;
+    float *dx;
+    int32_t *sx;
+    int64_t blocks;
+} Quantized;
+
+/* xq = round-to-nearest-even(x / d) with d = max|x| / 127 over the block (x * (1 / d),
+ * the products torch computes for the same formula, so tests can reproduce it). */
+static void quantize_scalar(const void *x, int x_bf16, int64_t m, int64_t k, int8_t *xq,
+                            float *dx, int32_t *sx) {
+    const int64_t blocks = (k + BLOCK - 1) / BLOCK;
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            float v[BLOCK];
+            for (int i = 0; i < BLOCK; ++i) {
+                const int64_t at = b * BLOCK + i;
+                v[i] = at >= k ? 0.0f
+                       : x_bf16 ? bf16_to_float(((const uint16_t *)x)[r * k + at])
+                                : ((const float *)x)[r * k + at];
+            }
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; ++i) {
+                const float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int32_t sum = 0;
+            int8_t *out = xq + r * blocks * BLOCK + b * BLOCK;
+            for (int i = 0; i < BLOCK; ++i) {
+                float q = nearbyintf(v[i] * id);
+                q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+                out[i] = (int8_t)q;
+                sum += out[i];
+            }
+            dx[r * blocks + b] = d;
+            sx[r * blocks + b] = sum;
+        }
+    }
+}
+
+#if X86
+/* int8_dot_quantize's arithmetic, 32 inputs at a time with AVX2: the same IEEE
+ * products and round-to-nearest-even conversions, so the same integers. */
+__attribute__((target("avx2,fma"))) static void quantize_avx2(const void *x, int x_bf16,
+                                                               int64_t m, int64_t k, int8_t *xq,
+                                                               float *dx, int32_t *sx) {
+    const int64_t blocks = k / BLOCK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m256 v[4];
+            for (int i = 0; i < 4; ++i) {
+                const int64_t at = r * k + b * BLOCK + 8 * i;
+                v[i] = x_bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                    _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                        (const __m128i *)((const uint16_t *)x + at))),
+                                    16))
+                              : _mm256_loadu_ps((const float *)x + at);
+            }
+            __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                       _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+            t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+            t4 = _mm_max_ss(t4, _mm_movehdup_ps(t4));
+            const float amax = _mm_cvtss_f32(t4);
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m256 scale = _mm256_set1_ps(id);
+            __m256i q[4];
+            for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
+            const __m256i sums = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            const __m256i packed = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+            _mm256_storeu_si256((__m256i *)(xq + r * blocks * BLOCK + b * BLOCK), packed);
+            dx[r * blocks + b] = d;
+            sx[r * blocks + b] = _mm_cvtsi128_si32(s4);
+        }
+    }
+}
+#endif
+
+/* The rows quantized at `level`: AVX2 (the same integers) from level 1 up where k is
+ * a multiple of 32, portable C otherwise. */
+void int8_dot_quantize(const void *x, int x_bf16, int64_t m, int64_t k, int8_t *xq, float *dx,
+                       int32_t *sx, int level) {
+#if X86
+    if (level >= LEVEL_AVX2 && k % BLOCK == 0) {
+        quantize_avx2(x, x_bf16, m, k, xq, dx, sx);
+        return;
+    }
+#else
+    (void)level;
+#endif
+    quantize_scalar(x, x_bf16, m, k, xq, dx, sx);
+}
+
+static int quantize(const void *x, int x_bf16, int64_t m, int64_t k, int level, Quantized *a) {
+    a->blocks = (k + BLOCK - 1) / BLOCK;
+    a->xq = malloc((size_t)(m * a->blocks * BLOCK));
+    a->dx = malloc(sizeof(float) * (size_t)(m * a->blocks));
+    a->sx = malloc(sizeof(int32_t) * (size_t)(m * a->blocks));
+    if (a->xq == NULL || a->dx == NULL || a->sx == NULL) {
+        free(a->xq), free(a->dx), free(a->sx);
+        return 2;
+    }
+    int8_dot_quantize(x, x_bf16, m, k, a->xq, a->dx, a->sx, level);
+    return 0;
+}
+
+static void release(Quantized *a) { free(a->xq), free(a->dx), free(a->sx); }
+
+/* 16 scale values at `p` (bfloat16 or float32) as floats. */
+static inline float scale_at(const uint8_t *p, int i, int scale_bytes) {
+    if (scale_bytes == 2) return bf16_to_float(((const uint16_t *)p)[i]);
+    float f;
+    memcpy(&f, p + 4 * i, sizeof f);
+    return f;
+}
+
+/* A tile's outputs (`acc` [rows][TILE] floats) into y's rows, `valid` columns. */
+static inline void store_tile(const float *acc, int rows, int valid, void *y, int y_bf16,
+                              int64_t out, int64_t row0, int64_t col0) {
+    for (int r = 0; r < rows; ++r) {
+        for (int t = 0; t < valid; ++t) {
+            const int64_t at = (row0 + r) * out + col0 + t;
+            if (y_bf16) ((uint16_t *)y)[at] = float_to_bf16(acc[r * TILE + t]);
+            else ((float *)y)[at] = acc[r * TILE + t];
+        }
+    }
+}
+
+/* ---- portable C ----------------------------------------------------------------- */
+
+static void int4_tile_scalar(const Quantized *a, int64_t r0, int rows, const uint8_t *w,
+                             int scale_bytes, float *acc) {
+    const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;
+    memset(acc, 0, sizeof(float) * (size_t)(rows * TILE));
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *piece = w + g * stride, *scales = piece + 256;
+        const uint8_t *offsets = scales + 16 * scale_bytes;
+        for (int r = 0; r < rows; ++r) {
+            const int8_t *x = a->xq + (r0 + r) * groups * BLOCK + g * BLOCK;
+            const float d = a->dx[(r0 + r) * groups + g];
+            const int32_t sx = a->sx[(r0 + r) * groups + g];
+            for (int t = 0; t < TILE; ++t) {
+                int32_t sum = 0;
+                for (int s = 0; s < 4; ++s) {
+                    for (int j = 0; j < 4; ++j) {
+                        const uint8_t byte = piece[64 * s + 4 * t + j];
+                        sum += (byte & 15) * x[4 * s + j] + (byte >> 4) * x[16 + 4 * s + j];
+                    }
+                }
+                acc[r * TILE + t] += (float)(sum - 8 * sx) * (scale_at(scales, t, scale_bytes) * d) +
+                                     scale_at(offsets, t, scale_bytes) * (d * (float)sx);
+            }
+        }
+    }
+}
+
+static void int8_tile_scalar(const Quantized *a, int64_t r0, int rows, const uint8_t *w,
+                             float *acc) {
+    const int64_t blocks = a->blocks;
+    memset(acc, 0, sizeof(float) * (size_t)(rows * TILE));
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *piece = w + b * 512;
+        for (int r = 0; r < rows; ++r) {
+            const int8_t *x = a->xq + (r0 + r) * blocks * BLOCK + b * BLOCK;
+            const float d = a->dx[(r0 + r) * blocks + b];
+            for (int t = 0; t < TILE; ++t) {
+                int32_t sum = 0;
+                for (int c = 0; c < 8; ++c)
+                    for (int j = 0; j < 4; ++j) sum += (piece[64 * c + 4 * t + j] - 128) * x[4 * c + j];
+                acc[r * TILE + t] += (float)sum * d;
+            }
+        }
+    }
+    const uint8_t *scales = w + blocks * 512;
+    for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < TILE; ++t) acc[r * TILE + t] *= scale_at(scales, t, 4);
+}
+
+#if X86
+/* ---- AVX512-VNNI ------------------------------------------------------------------ */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline
+
+static AVX512 __m512 load_scales512(const uint8_t *p, int scale_bytes) {
+    if (scale_bytes == 2)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return _mm512_loadu_ps(p);
+}
+
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* One tile against `rows` (a compile-time constant) activation rows from r0. */
+static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
+                                 const uint8_t *w, int scale_bytes, float *out) {
+    const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *piece = w + g * stride;
+        _mm_prefetch((const char *)(piece + 8 * stride), _MM_HINT_T0);
+        _mm_prefetch((const char *)(piece + 8 * stride + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(piece + 8 * stride + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(piece + 8 * stride + 192), _MM_HINT_T0);
+        _mm_prefetch((const char *)(piece + 8 * stride + 256), _MM_HINT_T0);
+        __m512i lo_sum[MAX_ROWS], hi_sum[MAX_ROWS];
+        for (int r = 0; r < rows; ++r) lo_sum[r] = hi_sum[r] = _mm512_setzero_si512();
+        for (int s = 0; s < 4; ++s) {
+            const __m512i bytes = _mm512_loadu_si512(piece + 64 * s);
+            const __m512i lo = _mm512_and_si512(bytes, low4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+            for (int r = 0; r < rows; ++r) {
+                const int8_t *x = a->xq + (r0 + r) * groups * BLOCK + g * BLOCK;
+                lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, _mm512_set1_epi32(load_i32(x + 4 * s)));
+                hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, _mm512_set1_epi32(load_i32(x + 16 + 4 * s)));
+            }
+        }
+        const __m512 scales = load_scales512(piece + 256, scale_bytes);
+        const __m512 offsets = load_scales512(piece + 256 + 16 * scale_bytes, scale_bytes);
+        for (int r = 0; r < rows; ++r) {
+            const int64_t at = (r0 + r) * groups + g;
+            const float d = a->dx[at];
+            const int32_t sx = a->sx[at];
+            const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[r], hi_sum[r]),
+                                                 _mm512_set1_epi32(8 * sx));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scales, _mm512_set1_ps(d)), acc[r]);
+            acc[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(d * (float)sx), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
+}
+
+static AVX512 void int8_tile_512(const Quantized *a, int64_t r0, const int rows,
+                                 const uint8_t *w, float *out) {
+    const int64_t blocks = a->blocks;
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *piece = w + b * 512;
+        for (int c = 0; c < 8; ++c) _mm_prefetch((const char *)(piece + 4 * 512 + 64 * c), _MM_HINT_T0);
+        __m512i sum[MAX_ROWS][2];
+        for (int r = 0; r < rows; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; ++c) {
+            const __m512i bytes = _mm512_loadu_si512(piece + 64 * c);
+            for (int r = 0; r < rows; ++r) {
+                const int8_t *x = a->xq + (r0 + r) * blocks * BLOCK + b * BLOCK;
+                sum[r][c & 1] = _mm512_dpbusd_epi32(sum[r][c & 1], bytes, _mm512_set1_epi32(load_i32(x + 4 * c)));
+            }
+        }
+        for (int r = 0; r < rows; ++r) {
+            const int64_t at = (r0 + r) * blocks + b;
+            const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(sum[r][0], sum[r][1]),
+                                                   _mm512_set1_epi32(128 * a->sx[at]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(a->dx[at]), acc[r]);
+        }
+    }
+    const __m512 scales = _mm512_loadu_ps(w + blocks * 512);
+    for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * TILE, _mm512_mul_ps(acc[r], scales));
+}
+
+/* ---- AVX2 and AVX-VNNI (256 bits: a tile's 16 rows are two vectors of 8) ---------- */
+#define AVX2 __attribute__((target("avx2,fma"), always_inline)) inline
+#define AVXVNNI __attribute__((target("avx2,fma,avxvnni"), always_inline)) inline
+
+static AVX2 __m256 load_scales256(const uint8_t *p, int scale_bytes) {
+    if (scale_bytes == 2)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+/* sum += 4-byte dot products of unsigned `w` (0..255, but < 128 or |w - 128|-safe as
+ * the callers arrange) with signed `x`, without VNNI: pairs to int16, then int32. */
+static AVX2 __m256i dot_avx2(__m256i sum, __m256i w, __m256i x) {
+    const __m256i pairs = _mm256_maddubs_epi16(w, x);
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(sum, w, x);
+}
+
+/* The 256-bit tiles, once per dot product. `VNNI` says whether `DOT` takes unsigned
+ * int8 weights whole (vpdpbusd) or only below 128 (vpmaddubsw, whose int16 pairs
+ * saturate): int8 weights then take the sign of x instead (llama.cpp's trick). */
+#define TILES_256(SUFFIX, ATTR, DOT, VNNI)                                                       \
+    static ATTR void int4_tile_##SUFFIX(const Quantized *a, int64_t r0, const int rows,          \
+                                        const uint8_t *w, int scale_bytes, float *out) {         \
+        const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;                       \
+        const __m256i low4 = _mm256_set1_epi8(0x0f);                                             \
+        __m256 acc[MAX_ROWS][2];                                                                 \
+        for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();              \
+        for (int64_t g = 0; g < groups; ++g) {                                                   \
+            const uint8_t *piece = w + g * stride;                                               \
+            for (int l = 0; l < 5; ++l)                                                          \
+                _mm_prefetch((const char *)(piece + 8 * stride + 64 * l), _MM_HINT_T0);          \
+            for (int h = 0; h < 2; ++h) {                                                        \
+                __m256i sum[MAX_ROWS];                                                           \
+                for (int r = 0; r < rows; ++r) sum[r] = _mm256_setzero_si256();                  \
+                for (int s = 0; s < 4; ++s) {                                                    \
+                    const __m256i bytes =                                                        \
+                        _mm256_loadu_si256((const __m256i *)(piece + 64 * s + 32 * h));          \
+                    const __m256i lo = _mm256_and_si256(bytes, low4);                            \
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);      \
+                    for (int r = 0; r < rows; ++r) {                                             \
+                        const int8_t *x = a->xq + (r0 + r) * groups * BLOCK + g * BLOCK;         \
+                        sum[r] = DOT(sum[r], lo, _mm256_set1_epi32(load_i32(x + 4 * s)));        \
+                        sum[r] = DOT(sum[r], hi, _mm256_set1_epi32(load_i32(x + 16 + 4 * s)));   \
+                    }                                                                            \
+                }                                                                                \
+                const __m256 scales = load_scales256(piece + 256 + 8 * h * scale_bytes,          \
+                                                     scale_bytes);                               \
+                const __m256 offsets = load_scales256(                                           \
+                    piece + 256 + 16 * scale_bytes + 8 * h * scale_bytes, scale_bytes);          \
+                for (int r = 0; r < rows; ++r) {                                                 \
+                    const int64_t at = (r0 + r) * groups + g;                                    \
+                    const float d = a->dx[at];                                                   \
+                    const int32_t sx = a->sx[at];                                                \
+                    const __m256i total = _mm256_sub_epi32(sum[r], _mm256_set1_epi32(8 * sx));   \
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),                       \
+                                                _mm256_mul_ps(scales, _mm256_set1_ps(d)),        \
+                                                acc[r][h]);                                      \
+                    acc[r][h] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(d * (float)sx),          \
+                                                acc[r][h]);                                      \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < rows; ++r) {                                                         \
+            _mm256_storeu_ps(out + r * TILE, acc[r][0]);                                         \
+            _mm256_storeu_ps(out + r * TILE + 8, acc[r][1]);                                     \
+        }                                                                                        \
+    }                                                                                            \
+                                                                                                 \
+    static ATTR void int8_tile_##SUFFIX(const Quantized *a, int64_t r0, const int rows,          \
+                                        const uint8_t *w, float *out) {                          \
+        const int64_t blocks = a->blocks;                                                        \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                       \
+        __m256 acc[MAX_ROWS][2];                                                                 \
+        for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();              \
+        for (int64_t b = 0; b < blocks; ++b) {                                                   \
+            const uint8_t *piece = w + b * 512;                                                  \
+            for (int c = 0; c < 8; ++c)                                                          \
+                _mm_prefetch((const char *)(piece + 4 * 512 + 64 * c), _MM_HINT_T0);             \
+            for (int h = 0; h < 2; ++h) {                                                        \
+                __m256i sum[MAX_ROWS];                                                           \
+                for (int r = 0; r < rows; ++r) sum[r] = _mm256_setzero_si256();                  \
+                for (int c = 0; c < 8; ++c) {                                                    \
+                    const __m256i bytes =                                                        \
+                        _mm256_loadu_si256((const __m256i *)(piece + 64 * c + 32 * h));          \
+                    /* q itself (signed), and |q| for the pair products */                       \
+                    const __m256i q = _mm256_xor_si256(bytes, flip);                             \
+                    const __m256i magnitude = _mm256_abs_epi8(q);                                \
+                    for (int r = 0; r < rows; ++r) {                                             \
+                        const int8_t *x = a->xq + (r0 + r) * blocks * BLOCK + b * BLOCK;         \
+                        const __m256i xs = _mm256_set1_epi32(load_i32(x + 4 * c));               \
+                        sum[r] = VNNI ? DOT(sum[r], bytes, xs)                                   \
+                                      : DOT(sum[r], magnitude, _mm256_sign_epi8(xs, q));         \
+                    }                                                                            \
+                }                                                                                \
+                for (int r = 0; r < rows; ++r) {                                                 \
+                    const int64_t at = (r0 + r) * blocks + b;                                    \
+                    const __m256i total =                                                        \
+                        VNNI ? _mm256_sub_epi32(sum[r], _mm256_set1_epi32(128 * a->sx[at]))      \
+                             : sum[r];                                                           \
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),                       \
+                                                _mm256_set1_ps(a->dx[at]), acc[r][h]);           \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        const float *scales = (const float *)(w + blocks * 512);                                 \
+        for (int r = 0; r < rows; ++r) {                                                         \
+            _mm256_storeu_ps(out + r * TILE, _mm256_mul_ps(acc[r][0], _mm256_loadu_ps(scales))); \
+            _mm256_storeu_ps(out + r * TILE + 8,                                                 \
+                             _mm256_mul_ps(acc[r][1], _mm256_loadu_ps(scales + 8)));             \
+        }                                                                                        \
+    }
+
+TILES_256(avx2, AVX2, dot_avx2, 0)
+TILES_256(avxvnni, AVXVNNI, dot_avxvnni, 1)
+
+/* Non-inlined entry points per level, each with a constant row count per call. */
+#define ENTRY(SUFFIX, TARGET)                                                                    \
+    __attribute__((target(TARGET))) static void int4_rows_##SUFFIX(                             \
+        const Quantized *a, int64_t r0, int rows, const uint8_t *w, int sb, float *out) {        \
+        switch (rows) {                                                                          \
+            case 1: int4_tile_##SUFFIX(a, r0, 1, w, sb, out); break;                             \
+            case 2: int4_tile_##SUFFIX(a, r0, 2, w, sb, out); break;                             \
+            case 3: int4_tile_##SUFFIX(a, r0, 3, w, sb, out); break;                             \
+            case 4: int4_tile_##SUFFIX(a, r0, 4, w, sb, out); break;                             \
+            case 5: int4_tile_##SUFFIX(a, r0, 5, w, sb, out); break;                             \
+            case 6: int4_tile_##SUFFIX(a, r0, 6, w, sb, out); break;                             \
+            case 7: int4_tile_##SUFFIX(a, r0, 7, w, sb, out); break;                             \
+            default: int4_tile_##SUFFIX(a, r0, 8, w, sb, out); break;                            \
+        }                                                                                        \
+    }                                                                                            \
+    __attribute__((target(TARGET))) static void int8_rows_##SUFFIX(                             \
+        const Quantized *a, int64_t r0, int rows, const uint8_t *w, float *out) {                \
+        switch (rows) {                                                                          \
+            case 1: int8_tile_##SUFFIX(a, r0, 1, w, out); break;                                 \
+            case 2: int8_tile_##SUFFIX(a, r0, 2, w, out); break;                                 \
+            case 3: int8_tile_##SUFFIX(a, r0, 3, w, out); break;                                 \
+            case 4: int8_tile_##SUFFIX(a, r0, 4, w, out); break;                                 \
+            case 5: int8_tile_##SUFFIX(a, r0, 5, w, out); break;                                 \
+            case 6: int8_tile_##SUFFIX(a, r0, 6, w, out); break;                                 \
+            case 7: int8_tile_##SUFFIX(a, r0, 7, w, out); break;                                 \
+            default: int8_tile_##SUFFIX(a, r0, 8, w, out); break;                                \
+        }                                                                                        \
+    }
+
+ENTRY(512, "avx512f,avx512bw,avx512vl,avx512vnni")
+ENTRY(avxvnni, "avx2,fma,avxvnni")
+ENTRY(avx2, "avx2,fma")
+#endif
+
+/* One tile for rows r0 .. r0 + rows - 1 (rows <= MAX_ROWS) at `level`. */
+static void tile(int bits, int level, const Quantized *a, int64_t r0, int rows, const uint8_t *w,
+                 int scale_bytes, float *out) {
+#if X86
+    if (level == LEVEL_AVX512VNNI) {
+        if (bits == 4) int4_rows_512(a, r0, rows, w, scale_bytes, out);
+        else int8_rows_512(a, r0, rows, w, out);
+        return;
+    }
+    if (level == LEVEL_AVXVNNI) {
+        if (bits == 4) int4_rows_avxvnni(a, r0, rows, w, scale_bytes, out);
+        else int8_rows_avxvnni(a, r0, rows, w, out);
+        return;
+    }
+    if (level == LEVEL_AVX2) {
+        if (bits == 4) int4_rows_avx2(a, r0, rows, w, scale_bytes, out);
+        else int8_rows_avx2(a, r0, rows, w, out);
+        return;
+    }
+#else
+    (void)level;
+#endif
+    if (bits == 4) int4_tile_scalar(a, r0, rows, w, scale_bytes, out);
+    else int8_tile_scalar(a, r0, rows, w, out);
+}
+
+/* y [m, out] (bfloat16 if y_bf16, else float32) = x [m, k] (bfloat16 if x_bf16) times
+ * the packed weight's transpose. `bits` 4 (`scale_bytes` 2 or 4; k a multiple of 32)
+ * or 8; `level` is capped at the best this CPU runs. Returns 0, 1 for arguments it
+ * does not take, 2 when scratch memory ran out. Runs to completion once called. */
+int int8_dot(int bits, const void *x, int x_bf16, int64_t m, int64_t k, const uint8_t *w,
+             int64_t out, int scale_bytes, void *y, int y_bf16, int level, int num_threads) {
+    if (m < 1 || k < 1 || out < 1 || (bits != 4 && bits != 8)) return 1;
+    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
+    const int best = int8_dot_best_level();
+    if (level > best) level = best;
+    Quantized a;
+    if (quantize(x, x_bf16, m, k, level, &a)) return 2;
+    const int64_t tiles = (out + TILE - 1) / TILE;
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+#pragma omp parallel num_threads(num_threads)
+    {
+        int64_t t, end;
+        thread_rows(tiles, &t, &end);
+        float acc[MAX_ROWS * TILE];
+        for (; t < end; ++t) {
+            const int valid = out - t * TILE < TILE ? (int)(out - t * TILE) : TILE;
+            for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+                const int rows = m - r0 < MAX_ROWS ? (int)(m - r0) : MAX_ROWS;
+                tile(bits, level, &a, r0, rows, w + t * tile_bytes, scale_bytes, acc);
+                store_tile(acc, rows, valid, y, y_bf16, out, r0, t * TILE);
+            }
+        }
+    }
+    release(&a);
+    return 0;
+}

@@ -1,0 +1,205 @@
+"""`int8_dot`: weight-only int4 and int8 products of a few bfloat16 or float32 rows
+with the activations quantized to int8 per block of 32, the dot products in
+integers (AVX512-VNNI, AVX-VNNI, AVX2 or portable C, picked at run time; see
+`int8_dot.c` for the tiled layout and the arithmetic). `pack_int4_tiles` and
+`pack_int8_tiles` lay out `Int4Weight`'s and `Int8Weight`'s values for it at load
+time.
+
+`SLUICEWAY_INT8_DOT_ISA` (`avx512vnni`, `avxvnni`, `avx2` or `scalar`) caps the
+level, so every path this CPU runs can be exercised; the `level` argument does the
+same per call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import attrs
+import torch
+
+from sluiceway.runner.native.library import load_library
+
+_P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+TILE = 16
+BLOCK = 32
+LEVELS = ("scalar", "avx2", "avxvnni", "avx512vnni")
+
+
+@functools.cache
+def _lib():
+    """The library, or None where it does not build."""
+    lib = load_library("int8_dot")
+    if lib is None:
+        return None
+    lib.int8_dot.argtypes = [_N, _P, _N, _I, _I, _P, _I, _N, _P, _N, _N, _N]
+    lib.int8_dot.restype = _N
+    lib.int8_dot_quantize.argtypes = [_P, _N, _I, _I, _P, _P, _P, _N]
+    lib.int8_dot_quantize.restype = None
+    lib.int8_dot_best_level.argtypes = []
+    lib.int8_dot_best_level.restype = _N
+    return lib
+
+
+@functools.cache
+def best_level() -> int:
+    """The highest ISA level this CPU runs (an index into `LEVELS`), -1 without the
+    library."""
+    lib = _lib()
+    return -1 if lib is None else int(lib.int8_dot_best_level())
+
+
+@functools.cache
+def level() -> int:
+    """The level calls use: the best this CPU runs, capped by
+    `SLUICEWAY_INT8_DOT_ISA` where it names a level (read once per process;
+    `level.cache_clear()` reads it again)."""
+    best = best_level()
+    cap = os.environ.get("SLUICEWAY_INT8_DOT_ISA", "").strip().lower()
+    if cap:
+        if cap not in LEVELS:
+            raise ValueError(f"SLUICEWAY_INT8_DOT_ISA={cap!r}: choose one of {', '.join(LEVELS)}")
+        return min(best, LEVELS.index(cap))
+    return best
+
+
+def integer_level() -> bool:
+    """Whether the level in use does its dot products with SIMD integer instructions
+    (AVX2 or better): the portable level is correct but no faster than the float
+    kernels, so layers pack for this kernel only where this holds."""
+    return level() >= LEVELS.index("avx2")
+
+
+@attrs.frozen
+class TiledWeight:
+    """A weight in `int8_dot.c`'s layout: `data` uint8 `[tiles, tile bytes]`."""
+
+    data: torch.Tensor
+    bits: int
+    out_features: int
+    in_features: int
+    scale_bytes: int  # int4 scales and offsets: 2 (bfloat16) or 4 (float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
+
+
+def pack_int4_tiles(
+    q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, scale_dtype: torch.dtype
+) -> TiledWeight:
+    """The layout of the weight `(q - 8) * scales + offsets` (`q` integers 0..15
+    `[out, in]`, `in` a multiple of 32; `scales` and `offsets` `[out, in / 32]`, stored
+    as `scale_dtype`, bfloat16 or float32: values already in that dtype stay exact)."""
+    out_features, in_features = q.shape
+    if in_features % BLOCK:
+        raise ValueError(f"int4 tiles need input features divisible by {BLOCK}, not {in_features}")
+    if scale_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"int4 tile scales are bfloat16 or float32, not {scale_dtype}")
+    tiles = -(-out_features // TILE)
+    groups = in_features // BLOCK
+    q = _pad_rows(q.to(torch.uint8), tiles * TILE)
+    # (tile, row, group, half, piece, byte) -> (tile, group, half, piece, row, byte)
+    q = q.view(tiles, TILE, groups, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)
+    nibbles = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(tiles, groups, 256)
+
+    def per_tile(values: torch.Tensor) -> torch.Tensor:
+        values = _pad_rows(values.to(scale_dtype), tiles * TILE)
+        return values.view(tiles, TILE, groups).transpose(1, 2).contiguous().view(torch.uint8)
+
+    data = torch.cat([nibbles, per_tile(scales), per_tile(offsets)], dim=2)
+    return TiledWeight(
+        data=data.reshape(tiles, -1).contiguous(),
+        bits=4,
+        out_features=out_features,
+        in_features=in_features,
+        scale_bytes=2 if scale_dtype == torch.bfloat16 else 4,
+    )
+
+
+def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
+    """The layout of the weight `q * scales[:, None]` (`q` int8 `[out, in]` in
+    -127..127, any `in`; `scales` `[out]`, kept as float32)."""
+    out_features, in_features = q.shape
+    tiles = -(-out_features // TILE)
+    blocks = -(-in_features // BLOCK)
+    biased = (q.to(torch.int16) + 128).to(torch.uint8)
+    if in_features % BLOCK:  # zero columns: the unsigned 128
+        pad = torch.full((out_features, blocks * BLOCK - in_features), 128, dtype=torch.uint8)
+        biased = torch.cat([biased, pad], dim=1)
+    biased = torch.cat(
+        [biased, torch.full((tiles * TILE - out_features, blocks * BLOCK), 128, dtype=torch.uint8)]
+    )
+    # (tile, row, block, piece, byte) -> (tile, block, piece, row, byte)
+    pieces = biased.view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, -1)
+    row_scales = _pad_rows(scales.to(torch.float32), tiles * TILE).view(tiles, TILE)
+    data = torch.cat([pieces, row_scales.view(torch.uint8)], dim=1).contiguous()
+    return TiledWeight(
+        data=data, bits=8, out_features=out_features, in_features=in_features, scale_bytes=4
+    )
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether the kernel takes `x`: contiguous bfloat16 or float32 CPU rows."""
+    return (
+        x.dtype in (torch.bfloat16, torch.float32)
+        and x.is_cpu
+        and x.dim() == 2
+        and x.shape[0] >= 1
+        and x.is_contiguous()
+        and _lib() is not None
+    )
+
+
+def int8_dot(
+    x: torch.Tensor, weight: TiledWeight, *, level_cap: int | None = None, out_dtype=None
+) -> torch.Tensor | None:
+    """`x [m, in]` times the transposed weight: `[m, out]` in `out_dtype` (default
+    `x`'s dtype). None when the kernel does not take `x` (see `takes`). `level_cap`
+    caps the ISA level below `level()`. Runs to completion once called and releases
+    the GIL."""
+    if not takes(x):
+        return None
+    if x.shape[1] != weight.in_features:
+        raise ValueError(f"x has {x.shape[1]} features, the weight takes {weight.in_features}")
+    out_dtype = out_dtype or x.dtype
+    y = torch.empty((x.shape[0], weight.out_features), dtype=out_dtype)
+    use = level() if level_cap is None else min(level(), level_cap)
+    status = _lib().int8_dot(
+        weight.bits, x.data_ptr(), int(x.dtype == torch.bfloat16), x.shape[0], x.shape[1],
+        weight.data.data_ptr(), weight.out_features, weight.scale_bytes, y.data_ptr(),
+        int(out_dtype == torch.bfloat16), use, torch.get_num_threads(),
+    )  # fmt: skip
+    if status == 2:
+        raise MemoryError("int8_dot could not allocate its scratch memory")
+    if status:
+        raise ValueError("int8_dot refused its arguments")
+    return y
+
+
+def quantize_activations(
+    x: torch.Tensor, level_cap: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the kernel makes of `x [m, in]` (contiguous bfloat16 or float32) at the
+    level `int8_dot` would use with `level_cap`: int8 `[m, blocks * 32]`, float32
+    block scales and int32 block sums `[m, blocks]`."""
+    lib = _lib()
+    if lib is None or not takes(x):
+        raise ValueError("the kernel library is unavailable or does not take x")
+    m, k = x.shape
+    blocks = -(-k // BLOCK)
+    xq = torch.empty((m, blocks * BLOCK), dtype=torch.int8)
+    dx = torch.empty((m, blocks), dtype=torch.float32)
+    sx = torch.empty((m, blocks), dtype=torch.int32)
+    lib.int8_dot_quantize(
+        x.data_ptr(), int(x.dtype == torch.bfloat16), m, k, xq.data_ptr(), dx.data_ptr(),
+        sx.data_ptr(), level() if level_cap is None else min(level(), level_cap),
+    )  # fmt: skip
+    return xq, dx, sx

@@ -1,0 +1,101 @@
+"""Quantized `Linear` layers on the int8-activation kernels: packed at construction,
+whichever way the quantized weight was built, and serving the rows the quantized
+path gets."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from sluiceway.runner import linear
+from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
+from sluiceway.runner.native import int8_dot as kernel
+from sluiceway.runner.native.quantized_matmul_f32 import pack_int4_f32
+from sluiceway.runner.native.quantized_matvec import pack_int4
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None or not kernel.integer_level(),
+    reason="needs a C compiler and a CPU with AVX2 or better",
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_layers_take_the_kernel_for_the_rows_the_quantized_path_gets(dtype, quantization):
+    gen = torch.Generator().manual_seed(1)
+    weight = (torch.randn(48, 128, generator=gen) * 0.05).to(dtype)
+    layer = Linear(weight, quantization=quantization)
+    quantized = layer.quantized
+    assert isinstance(quantized, (Int4Weight, Int8Weight)) and quantized.tiled is not None
+    if isinstance(quantized, Int4Weight):
+        assert quantized.native is None  # not kept beside the tiles
+    limit = layer.quantized_max_rows
+    x = torch.randn(limit + 1, 128, generator=gen).to(dtype)
+    for rows in (1, limit):
+        got = layer(x[:rows])
+        assert torch.equal(got, kernel.int8_dot(x[:rows], quantized.tiled))
+    # Past the limit the dense copy of the same weight values serves.
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, _dense(layer, weight)))
+
+
+def _dense(layer: Linear, weight: torch.Tensor) -> torch.Tensor:
+    if layer.kind == "plain":
+        return layer.weight
+    return torch.ops.mkldnn._linear_pointwise(
+        torch.eye(weight.shape[1], dtype=weight.dtype), layer.weight, None, "none", [], ""
+    ).T
+
+
+def test_switched_off_layers_keep_the_float_kernels():
+    linear.use_int8_activation_kernels(False)
+    try:
+        layer = Linear(torch.randn(32, 64).to(torch.bfloat16), quantization="int4")
+    finally:
+        linear.use_int8_activation_kernels(None)
+    assert isinstance(layer.quantized, Int4Weight) and layer.quantized.tiled is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_weights_built_from_stored_blocks_are_repacked_from_their_native_packing(dtype):
+    """A checkpoint's own int4 blocks arrive as `Int4Weight(packed, scales_and_offsets,
+    group_size, native)`: the tiles come from `native`, the same values the
+    quantizer's own tiles hold."""
+    gen = torch.Generator().manual_seed(2)
+    weight = (torch.randn(32, 128, generator=gen) * 0.05).to(dtype)
+    built, _ = Int4Weight.quantize(weight)
+    assert built.tiled is not None
+    q = torch.randint(0, 16, (32, 128), generator=gen)
+    scale, offset = built.scales_and_offsets.float().unbind(-1)  # [groups, out]
+    scale, offset = scale.T.contiguous(), offset.T.contiguous()
+    native = (
+        pack_int4(q, scale, offset) if dtype == torch.bfloat16 else pack_int4_f32(q, scale, offset)
+    )
+    adopted = Int4Weight(
+        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1),
+        scales_and_offsets=built.scales_and_offsets,
+        group_size=32,
+        native=native,
+    )
+    assert adopted.tiled is not None and adopted.native is None
+    scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    direct = kernel.pack_int4_tiles(q, scale, offset, scale_dtype)
+    x = torch.randn(3, 128, generator=gen).to(dtype)
+    if dtype == torch.bfloat16:
+        assert torch.equal(adopted.tiled.data, direct.data)
+    else:  # the float32 packing holds offset - 8 * scale: back to within a rounding
+        torch.testing.assert_close(
+            kernel.int8_dot(x, adopted.tiled), kernel.int8_dot(x, direct), rtol=1e-6, atol=1e-6
+        )
+    torch.testing.assert_close(
+        adopted.matmul(x).float(), kernel.int8_dot(x, direct).float(), rtol=1e-2, atol=1e-5
+    )
+
+
+def test_int8_weights_built_from_their_parts_are_packed():
+    q = torch.randint(-127, 128, (20, 40), dtype=torch.int8)
+    scales = torch.rand(20).to(torch.bfloat16)
+    weight = Int8Weight(q=q, scales=scales)
+    assert weight.tiled is not None
+    assert torch.equal(weight.tiled.data, kernel.pack_int8_tiles(q, scales).data)
