@@ -230,3 +230,40 @@ def test_an_interrupted_download_leaves_no_partial_file_and_the_next_start_compl
     assert [g.headers.get("range") for g in interrupted] == [None, "bytes=256-", None]
     for name in set(SERVED) - {"model-00002-of-00002.safetensors"}:  # fetched once
         assert len(hub.gets(f"/resolve/{repo.commit}/{name}")) == 1, name
+
+
+GGUF_REPO = {
+    "Tiny-Q4_K_M.gguf": b"GGUF q4_k_m",
+    "Tiny-Q8_0.gguf": b"GGUF q8_0",
+    "F16/Tiny-F16-00001-of-00002.gguf": b"GGUF f16 part one",
+    "F16/Tiny-F16-00002-of-00002.gguf": b"GGUF f16 part two",
+    "mmproj-Tiny-F16.gguf": b"GGUF projector",
+    "README.md": b"# quants",
+}
+
+
+def test_a_gguf_quant_is_picked_and_only_its_files_are_fetched(hub, hf_home, caplog):
+    repo = hub.add_repo("org/Tiny-GGUF", GGUF_REPO)
+    snapshot = hf_home / "hub" / "models--org--Tiny-GGUF" / "snapshots" / repo.commit
+    resolved = resolve_model("org/Tiny-GGUF:q8_0")
+    assert resolved.path == str(snapshot / "Tiny-Q8_0.gguf")
+    assert resolved.served_name == "org/Tiny-GGUF:q8_0"
+    assert Path(resolved.path).read_bytes() == b"GGUF q8_0"
+    with caplog.at_level(logging.INFO):
+        assert resolve_model("org/Tiny-GGUF").path == str(snapshot / "Tiny-Q4_K_M.gguf")
+    assert "holds 3 quants (F16, Q4_K_M, Q8_0): serving Q4_K_M" in caplog.text
+    split = resolve_model("org/Tiny-GGUF:F16")
+    assert split.path == str(snapshot / "F16" / "Tiny-F16-00001-of-00002.gguf")
+    assert (snapshot / "F16" / "Tiny-F16-00002-of-00002.gguf").read_bytes() == b"GGUF f16 part two"
+    fetched = sorted(r.path.rpartition(f"/resolve/{repo.commit}/")[2] for r in hub.gets())
+    assert fetched == sorted(set(GGUF_REPO) - {"mmproj-Tiny-F16.gguf", "README.md"})
+    with pytest.raises(HubError, match=r"^org/Tiny-GGUF has no Q5_K_M GGUF; quants there: F16, Q4_K_M, Q8_0$"):
+        resolve_model("org/Tiny-GGUF:Q5_K_M")
+    # Offline, only the quants in the cache count.
+    (snapshot / "Tiny-Q8_0.gguf").unlink()
+    assert resolve_model("org/Tiny-GGUF:Q4_K_M", HubOptions(offline=True)).path == str(
+        snapshot / "Tiny-Q4_K_M.gguf"
+    )
+    with pytest.raises(HubError, match=r"^org/Tiny-GGUF has no Q8_0 GGUF; quants there: F16, Q4_K_M "
+                       r"\(offline: only the hub cache .* was searched\)$"):
+        resolve_model("org/Tiny-GGUF:Q8_0", HubOptions(offline=True))

@@ -34,6 +34,7 @@ from sluiceway.hub.files import (
     directory_plan,
     gguf_plan,
     is_gguf_repo,
+    listed_shards,
     shards_of,
 )
 from sluiceway.hub.model_id import HubModelId
@@ -251,23 +252,21 @@ def _from_cache(model: HubModelId, revision: str, *, reason: str) -> Path:
             f"is not asked ({reason}); fetch it once online first"
         )
     names = {str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()}
-    where = f"{model.repo_id} in the hub cache ({reason})"
-    if model.quant is not None or is_gguf_repo(names):
-        try:
+    try:
+        if model.quant is not None or is_gguf_repo(names):
             gguf = gguf_plan(model.repo_id, names, model.quant)
-        except HubError as exc:
-            raise HubError(f"{exc} ({reason}: only the cache was searched)") from None
-        log.info("serving %s %s from the hub cache (%s)", model.repo_id, gguf.quant, reason)
-        return snapshot / gguf.files[0]
-    if "config.json" not in names:
-        raise HubError(f"config.json of {where} is missing")
-    plan = directory_plan(model.repo_id, names)
+            log.info("serving %s %s from the hub cache (%s)", model.repo_id, gguf.quant, reason)
+            return snapshot / gguf.files[0]
+        if "config.json" not in names:
+            raise HubError(f"config.json of {model.repo_id} is missing")
+        plan = directory_plan(model.repo_id, names)
+    except HubError as exc:
+        raise HubError(f"{exc} ({reason}: only the hub cache {cache} was searched)") from None
     if plan.index is not None:
-        weight_map = _weight_map(snapshot / plan.index)
-        listed = {f"{plan.index.rpartition('/')[0]}/{s}".lstrip("/") for s in weight_map}
-        lacking = sorted(s for s in listed if s not in names)
+        listed = listed_shards(plan.index, _weight_map(snapshot / plan.index))
+        lacking = [s for s in listed if s not in names]
         if lacking:
-            raise HubError(f"{where} lacks shards {', '.join(lacking)}")
+            raise HubError(f"{model.repo_id} in the hub cache ({reason}) lacks shards {', '.join(lacking)}")
     log.info("serving %s from the hub cache (%s): %s", model.repo_id, reason, snapshot)
     return snapshot
 

@@ -125,15 +125,20 @@ def directory_plan(repo_id: str, names: Collection[str]) -> DirectoryPlan:
     return DirectoryPlan(tuple(files), index)
 
 
+def listed_shards(index: str, weight_map: Iterable[str]) -> tuple[str, ...]:
+    """The shard files (paths in the repository) a safetensors `index` lists, in order."""
+    folder = index.rpartition("/")[0]
+    return tuple(sorted({f"{folder}/{s}" if folder else s for s in weight_map}))
+
+
 def shards_of(repo_id: str, index: str, weight_map: Iterable[str], names: Collection[str]) -> tuple[str, ...]:
     """The shard files the safetensors `index` lists, in order; HubError for one
     the repository lacks."""
-    folder = index.rpartition("/")[0]
-    shards = sorted({f"{folder}/{s}" if folder else s for s in weight_map})
+    shards = listed_shards(index, weight_map)
     missing = [s for s in shards if s not in names]
     if missing:
         raise HubError(f"{repo_id}: {index} lists shards the repository lacks: {', '.join(missing)}")
-    return tuple(shards)
+    return shards
 
 
 def quant_of(name: str) -> str:
