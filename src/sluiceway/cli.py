@@ -48,7 +48,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--served-model-name", default=None, help="model name clients use (default: from the model)")
+    g.add_argument("--served-model-name", default=None, help="model name clients use (default: the hub id as given, else from the model)")
     g.add_argument("--request-timeout", type=positive_float, default=None, help="seconds a request may run (default: no limit)")
     g.add_argument("--api-key", action="append", default=[], help="accepted bearer key; repeat for several")
     g.add_argument("--allowed-origins", action="append", default=[], help="CORS origin; repeat for several, or '*'")
