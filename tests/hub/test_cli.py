@@ -106,3 +106,20 @@ def test_a_model_fetched_by_its_id_generates_what_its_directory_generates(hub: S
             outputs.append(llm.generate(["w5 w17 w99"], params)[0].outputs[0].token_ids)
     assert sorted(r.path.rpartition("/")[2] for r in hub.gets()) == sorted(files)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6
+
+
+def test_a_remote_tensor_parallel_rank_fetches_the_hub_id_as_the_server_does(hub: StandInHub, hf_home, monkeypatch):
+    from sluiceway.runner.tensor_parallel import remote
+
+    repo = hub.add_repo("org/tiny", FILES)
+    started = []
+    monkeypatch.setattr(remote, "rank_spec", lambda model, engine, **kw: model)  # its ModelConfig
+    monkeypatch.setattr(remote, "run_rank", lambda spec, rank, **kw: started.append((spec, rank)))
+    environ = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    assert remote.main(["--model", "org/tiny", "-tp", "2"], environ) == 0
+    [(model, rank)] = started
+    assert rank == 1
+    assert model.model == str(hf_home / "hub" / "models--org--tiny" / "snapshots" / repo.commit)
+    with pytest.raises(SystemExit) as exited:
+        remote.main(["--model", "nobody/missing", "-tp", "2"], environ)
+    assert exited.value.code == 2

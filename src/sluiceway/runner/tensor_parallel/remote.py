@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from sluiceway.flags import add_engine_flags, add_model_flags, engine_config, model_config
+from sluiceway.hub import HubError, add_hub_flags, hub_options, resolve_model
 from sluiceway.runner.tensor_parallel.launch import DEFAULT_MASTER_PORT, rank_spec
 from sluiceway.runner.tensor_parallel.rank import run_rank
 
@@ -25,6 +26,7 @@ from sluiceway.runner.tensor_parallel.rank import run_rank
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
     parser = argparse.ArgumentParser(prog="python -m sluiceway.runner.tensor_parallel.remote")
     add_model_flags(parser)
+    add_hub_flags(parser)
     add_engine_flags(parser)
     args = parser.parse_args(argv)
     try:
@@ -40,6 +42,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     import torch
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # a hub id: fetched into this machine's cache, as the server fetched it
+        args.model = resolve_model(args.model, hub_options(args)).path
+    except HubError as exc:
+        parser.error(str(exc))
     spec = rank_spec(
         model_config(args),
         engine_config(args),
