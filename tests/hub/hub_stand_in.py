@@ -5,8 +5,9 @@
 (commit and files with sizes); `HEAD`/`GET /{repo}/resolve/{rev}/{file}` a file
 with the headers `hf_hub_download` reads (X-Repo-Commit, ETag, Content-Length)
 and byte ranges for resuming. Errors come in the hub's shapes: 401
-RepoNotFound, 404 RevisionNotFound / EntryNotFound, 401/403 GatedRepo (the
-`X-Error-Code` header is what huggingface_hub maps to its exceptions).
+RepoNotFound, 404 RevisionNotFound / EntryNotFound, 401/403 GatedRepo, and a
+plain 401 for a token starting `hf_invalid` (the `X-Error-Code` header is what
+huggingface_hub maps to its exceptions).
 
 Faults for the tests: `drop_once(repo, file, after)` cuts the connection after
 that many bytes of the file's first GET; `refuse_resumes` answers 500 to any
@@ -136,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = urlsplit(self.path).path
         hub.requests.append(Request(self.command, unquote(raw), {k.lower(): v for k, v in self.headers.items()}))
         parts = [unquote(p) for p in raw.strip("/").split("/")]
+        if self.headers.get("Authorization", "").startswith("Bearer hf_invalid"):
+            self._error(401, None, "Invalid credentials in Authorization header")
+            return
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
             revision = parts[5] if len(parts) >= 6 and parts[4] == "revision" else "main"
             self._metadata(f"{parts[2]}/{parts[3]}", revision)

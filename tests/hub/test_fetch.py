@@ -136,6 +136,11 @@ def test_errors_are_one_line_each(hub, monkeypatch):
         assert "\n" not in str(caught.value)
     with pytest.raises(HubError, match=r"^revision 'nope' not found in org/tiny$"):
         resolve_model("org/tiny", HubOptions(revision="nope"))
+    with pytest.raises(HubError) as caught:
+        resolve_model("org/tiny", HubOptions(token="hf_invalid_secret_42"))
+    assert str(caught.value) == (
+        "the hub refused the token given for org/tiny (HTTP 401): check --hf-token or HF_TOKEN"
+    )
 
 
 SECRET = "hf_not_this_one_0123456789"

@@ -147,6 +147,11 @@ def _listing(model: HubModelId, revision: str, token: str | None) -> tuple[str, 
         raise _Unreachable(type(exc).__name__) from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
+        if status == 401:  # not a missing repository: the token itself
+            raise HubError(
+                f"the hub refused the token given for {model.repo_id} (HTTP 401): check "
+                "--hf-token or HF_TOKEN"
+            ) from None
         if status is not None and status < 500 and status not in (408, 429):
             raise HubError(f"the hub refused {model.repo_id}: HTTP {status}") from None
         raise _Unreachable(f"HTTP {status}") from None
