@@ -272,3 +272,25 @@ def test_a_gguf_quant_is_picked_and_only_its_files_are_fetched(hub, hf_home, cap
     with pytest.raises(HubError, match=r"^org/Tiny-GGUF has no Q8_0 GGUF; quants there: F16, Q4_K_M "
                        r"\(offline: only the hub cache .* was searched\)$"):
         resolve_model("org/Tiny-GGUF:Q8_0", HubOptions(offline=True))
+
+
+def test_ctrl_c_mid_file_leaves_the_cache_whole_and_the_next_start_finishes(hub, hf_home, monkeypatch):
+    from huggingface_hub import file_download
+
+    repo = _model_repo(hub)
+    real = file_download.http_get
+
+    def interrupted(url, temp_file, **kw):
+        if url.endswith("model-00002-of-00002.safetensors"):
+            temp_file.write(SHARD_2[:100])
+            raise KeyboardInterrupt
+        return real(url, temp_file, **kw)
+
+    monkeypatch.setattr(file_download, "http_get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resolve_model("org/tiny")
+    storage = hf_home / "hub" / "models--org--tiny"
+    assert not [p for p in (storage / "blobs").iterdir() if p.stat().st_size == 100]
+    assert not (storage / "snapshots" / repo.commit / "model-00002-of-00002.safetensors").exists()
+    monkeypatch.setattr(file_download, "http_get", real)
+    assert _files(Path(resolve_model("org/tiny").path)) == SERVED
