@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from sluiceway import protocol
-from sluiceway.api import sse, wire
+from sluiceway.api.http import sse, wire
 
 CHAT = json.dumps(
     {

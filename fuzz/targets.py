@@ -20,9 +20,10 @@ import os
 from functools import cache
 from typing import Any
 
-from sluiceway.api import prompts, sse
-from sluiceway.api.errors import APIError
-from sluiceway.api.validation import (
+from sluiceway.api.http import sse
+from sluiceway.api.http.errors import APIError
+from sluiceway.api.pipeline import prompts
+from sluiceway.api.pipeline.validation import (
     parse_chat_request,
     parse_completion_request,
     parse_conversations,

@@ -33,11 +33,11 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imported_names(path: Path) -> set[str]:
-    """Every module name that `path` imports at run time, at any depth (imports
-    inside functions included, those under `if TYPE_CHECKING:` not). For
-    `from pkg import name` both `pkg` and `pkg.name` are listed: `name` may be a
-    submodule."""
+def _imported_names(path: Path, *, type_checking: bool = True) -> set[str]:
+    """Every module name that `path` imports, at any depth (imports inside
+    functions included; those under `if TYPE_CHECKING:` only with `type_checking`).
+    For `from pkg import name` both `pkg` and `pkg.name` are listed: `name` may be
+    a submodule."""
     module = _module_name(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     names: set[str] = set()
@@ -45,7 +45,7 @@ def _imported_names(path: Path) -> set[str]:
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for statement in child.orelse:
+                for statement in (child.body if type_checking else []) + child.orelse:
                     visit_one(statement)
             else:
                 visit_one(child)
@@ -68,10 +68,14 @@ def _imported_names(path: Path) -> set[str]:
     return names
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _import_graph(*, type_checking: bool = True) -> dict[str, set[str]]:
     paths = {_module_name(p): p for p in PACKAGE_ROOT.rglob("*.py")}
     return {
-        module: {name for name in _imported_names(path) if name in paths and name != module}
+        module: {
+            name
+            for name in _imported_names(path, type_checking=type_checking)
+            if name in paths and name != module
+        }
         for module, path in paths.items()
     }
 
@@ -120,13 +124,36 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_relative_and_from_imports_are_resolved():
     graph = _import_graph()
     # `from . import prompts` in api/app.py names the submodule.
-    assert "sluiceway.api.prompts" in graph["sluiceway.api.app"]
+    assert "sluiceway.api.pipeline.prompts" in graph["sluiceway.api.app"]
     assert "sluiceway.engine.arrivals" in graph["sluiceway.engine.engine"]
 
 
+def test_imports_for_type_checking_count_as_edges():
+    graph = _import_graph()
+    runtime = _import_graph(type_checking=False)
+    # api/__init__.py names its entry points for type checkers only (loaded lazily).
+    assert "sluiceway.api.app" in graph["sluiceway.api"]
+    assert "sluiceway.api.app" not in runtime["sluiceway.api"]
+
+
 def test_no_module_imports_itself_back_through_others():
+    """Counting the imports made for type checking: a cycle there is still two
+    modules that each need the other to be read."""
     cycles = _cycles(_import_graph())
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_only_the_app_imports_a_surface_routes_module():
+    """A surface's routes are its HTTP endpoints and nothing else reuses them: what
+    two surfaces share lives in the pipeline or the plumbing (`api/pipeline`,
+    `api/http`), and the app alone assembles the routes."""
+    graph = _import_graph()
+    routes = {m for m in graph if m.endswith(".routes")}
+    assert "sluiceway.api.openai_chat.routes" in routes
+    importers = {
+        (module, name) for module, names in graph.items() for name in names & routes
+    }
+    assert {module for module, _ in importers} == {"sluiceway.api.app"}, sorted(importers)
 
 
 _HEAVY = ("torch", "triton", "transformers", "hypercorn", "quart", "quart_trio", "httptools")

@@ -24,7 +24,7 @@ from sluiceway.hub import HubError, add_hub_flags, hub_options, resolve_model
 
 
 def _key_budgets(path: str) -> dict[str, KeyBudget]:
-    from sluiceway.api.rate_limits import load_key_budgets
+    from sluiceway.api.keys.rate_limits import load_key_budgets
 
     try:
         return load_key_budgets(path)

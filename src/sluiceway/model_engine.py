@@ -13,7 +13,7 @@ import attrs
 
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.core import EngineCore
-from sluiceway.engine.model_thread import CallingThread, ModelThread, StepThread
+from sluiceway.engine.step_threads import CallingThread, ModelThread, StepThread
 
 if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
@@ -174,8 +174,13 @@ def _start_ranks(
 
 
 def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
+    """The trio engine around `bundle`'s runner, stepping on the thread that loaded
+    it; small decodes may move to the event loop's thread where this process's
+    OpenMP team can be freed (`runner.openmp_teams`)."""
     from sluiceway.engine.engine import Engine
+    from sluiceway.runner.openmp_teams import find_openmp_pool_release
 
+    moves = config.event_loop_decode_max_seqs and not config.steps_on_event_loop
     return Engine(
         bundle.runner,
         bundle.loaded.tokenizer,
@@ -183,6 +188,7 @@ def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
         eos_token_ids=bundle.loaded.eos_token_ids,
         max_model_len=bundle.loaded.max_model_len,
         model_thread=bundle.thread,
+        openmp_pool_release=find_openmp_pool_release() if moves else None,
     )
 
 

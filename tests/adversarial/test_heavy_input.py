@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from server_helpers import CHAT, RawStream, chat, engine_empty, eventually, stream
-from sluiceway.api import prompts
+from sluiceway.api.pipeline import prompts
 
 MODEL = "test-model"
 HOLD_LIMIT_S = 10  # a hold that outlives this means the test's task never ran

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluiceway import protocol
-from sluiceway.api.batch_input import read_lines
-from sluiceway.api.errors import APIError
-from sluiceway.api.wire import MAX_JSON_DEPTH, decode
+from sluiceway.api.batches.input_lines import read_lines
+from sluiceway.api.http.errors import APIError
+from sluiceway.api.http.wire import MAX_JSON_DEPTH, decode
 
 from .conftest import MODEL
 
@@ -282,7 +282,7 @@ def verdict_of_request(r: httpx.Response) -> tuple[Any, ...]:
 
 async def batch_done(server: Any) -> None:
     with trio.fail_after(30):
-        await server.state.batch_runner.idle.wait()
+        await server.batch_runner.idle.wait()
 
 
 async def test_a_body_gets_one_verdict_as_a_request_and_as_a_batch_line(

@@ -44,7 +44,7 @@ def client_for(server: Any) -> openai.OpenAI:
 
 
 async def batch_done(server: Any) -> None:
-    runner = server.state.batch_runner
+    runner = server.batch_runner
     with trio.fail_after(30):
         await runner.idle.wait()
 
@@ -254,7 +254,7 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
     async with start_server(
         batch_store=path, batch_concurrency=1, engine_config=WHOLE_STEPS
     ) as server:
-        record_finished_lines(server.state.batch_runner.store, answered[0], three_done, 3)
+        record_finished_lines(server.batch_runner.store, answered[0], three_done, 3)
         with client_for(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
@@ -269,7 +269,7 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
             await three_done.wait()
     runner.open()
     async with start_server(batch_store=path) as server:
-        record_finished_lines(server.state.batch_runner.store, answered[1])
+        record_finished_lines(server.batch_runner.store, answered[1])
         await batch_done(server)
         with client_for(server) as oai:
             done = await in_thread(lambda: oai.batches.retrieve(batch.id))
@@ -280,7 +280,7 @@ async def test_a_restart_resumes_a_batch_without_losing_or_repeating_a_line(
 
 
 def test_a_line_may_hold_any_unicode_a_json_string_may():
-    from sluiceway.api.batch_input import read_lines
+    from sluiceway.api.batches.input_lines import read_lines
 
     line = chat_line("a", "one\u2028two\u0085three")
     content = (json.dumps(line, ensure_ascii=False) + "\r\n").encode()
@@ -347,6 +347,6 @@ async def test_a_drain_stops_the_lines_in_flight_and_leaves_them_pending(
                 await server.state.wait_idle()  # at once, not after the grace period
             runner.open()
             await engine.wait_idle()
-            stored = server.state.batch_runner.store.batch(batch.id, owner=None)
+            stored = server.batch_runner.store.batch(batch.id, owner=None)
     assert stored.status == "in_progress" and stored.request_counts.completed == 0
-    assert len(server.state.batch_runner.store.pending_lines(batch.id)) == 4
+    assert len(server.batch_runner.store.pending_lines(batch.id)) == 4

@@ -22,8 +22,8 @@ import trio
 import trio.testing
 
 from server_helpers import CHAT, COMPLETIONS, RawStream, chat, count_content
-from sluiceway.api.batch_store import BatchStore
-from sluiceway.api.rate_limits import RateLimits, hold_tokens, load_key_budgets
+from sluiceway.api.batches.store import BatchStore
+from sluiceway.api.keys.rate_limits import RateLimits, hold_tokens, load_key_budgets
 from sluiceway.config import EngineConfig, KeyBudget
 
 from .conftest import MODEL, in_thread, record_finished_lines
@@ -220,7 +220,7 @@ async def run_batch(server: Any, url: Any, lines: list[dict[str, Any]]) -> dict[
                 input_file_id=upload.id, endpoint=url, completion_window="24h"
             )
         )
-        await server.state.batch_runner.idle.wait()
+        await server.batch_runner.idle.wait()
         return await in_thread(lambda: batch_results(oai, batch.id))
 
 
@@ -278,7 +278,7 @@ async def test_a_batch_line_waits_for_its_keys_budget_and_one_too_large_fails(
     async with start_server(
         api_key_budgets=budgets(tokens=200), engine_config=STILL, batch_concurrency=1
     ) as server:
-        store: BatchStore = server.state.batch_runner.store
+        store: BatchStore = server.batch_runner.store
         finish = store.finish_line
 
         def finish_line(batch_id: str, number: int, status: Any, result: str) -> None:
@@ -300,7 +300,7 @@ async def test_a_batch_line_waits_for_its_keys_budget_and_one_too_large_fails(
             # refill, the time standing still, rather than failing.
             await trio.testing.wait_all_tasks_blocked()
             assert finished == ["too-large", "a", "b"] and remaining(server) == 0
-            assert not server.state.batch_runner.idle.is_set()
+            assert not server.batch_runner.idle.is_set()
             mock_clock.jump(30)  # 100 tokens come back
     assert finished == ["too-large", "a", "b", "c"]
     assert [results[name]["status_code"] for name in ("a", "b", "c")] == [200, 200, 200]
@@ -327,7 +327,7 @@ async def test_a_batch_resumed_by_a_restart_is_paid_by_the_key_that_created_it(
     config = {"batch_store": store, "batch_concurrency": 1, "engine_config": whole_steps}
     runner.gated = True
     async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
-        record_finished_lines(server.state.batch_runner.store, answered[0], two_done, 2)
+        record_finished_lines(server.batch_runner.store, answered[0], two_done, 2)
         with openai_client(server) as oai:
             upload = await in_thread(lambda: oai.files.create(file=jsonl(lines), purpose="batch"))
             batch = await in_thread(
@@ -339,8 +339,8 @@ async def test_a_batch_resumed_by_a_restart_is_paid_by_the_key_that_created_it(
         await two_done.wait()
     runner.open()
     async with start_server(api_key_budgets=load_key_budgets(budgets_file), **config) as server:
-        record_finished_lines(server.state.batch_runner.store, answered[1])
-        await server.state.batch_runner.idle.wait()
+        record_finished_lines(server.batch_runner.store, answered[1])
+        await server.batch_runner.idle.wait()
         tokens_left, requests_left = remaining(server), remaining(server, "requests")
         with openai_client(server) as oai:
             answers = await in_thread(lambda: batch_results(oai, batch.id))
@@ -373,8 +373,8 @@ async def test_a_resumed_batch_whose_key_has_no_budget_now_runs_unbudgeted_and_s
     runner.open()
     others = {"other": KeyBudget(tokens_per_minute=LIMIT)}
     async with start_server(api_key_budgets=others, **config) as server:
-        await server.state.batch_runner.idle.wait()
-        done = server.state.batch_runner.store.batch(batch.id, owner=None)
+        await server.batch_runner.idle.wait()
+        done = server.batch_runner.store.batch(batch.id, owner=None)
         left = dict(server.state.rate_limits.headers("other"))["x-ratelimit-remaining-tokens"]
     assert done.status == "completed" and done.request_counts.completed == 3
     assert left == str(LIMIT)
@@ -388,7 +388,7 @@ async def test_a_resumed_batch_whose_key_has_no_budget_now_runs_unbudgeted_and_s
 def test_the_batch_store_records_a_salted_hash_of_the_paying_key_never_the_key(
     tmp_path: Any,
 ) -> None:
-    from sluiceway.api.owners import Owner
+    from sluiceway.api.keys.owners import Owner
     from sluiceway.protocol.batches import Batch
 
     key = "secret-payer-123"

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluiceway import protocol
-from sluiceway.api import sse
-from sluiceway.api.completion_shapes import ChatShape, CompletionShape
-from sluiceway.api.formatting import TokenText
-from sluiceway.api.generation import ChoiceState, RequestRun
-from sluiceway.api.prompts import Prompt
-from sluiceway.api.routes_generation import _Stream
-from sluiceway.api.stream_output import StreamOutput
-from sluiceway.api.validation import parse_chat_request, parse_completion_request
+from sluiceway.api.http import sse
+from sluiceway.api.http.stream_output import StreamOutput
+from sluiceway.api.pipeline.formatting import TokenText
+from sluiceway.api.pipeline.generation import _Stream
+from sluiceway.api.pipeline.prompts import Prompt
+from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
+from sluiceway.api.pipeline.shapes import ChatShape, CompletionShape
+from sluiceway.api.pipeline.validation import parse_chat_request, parse_completion_request
 from sluiceway.engine.outputs import ChoiceDelta, TokenLogprob
 
 # Text a detokenizer can give: any characters, with JSON's special ones often.

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from sluiceway.api.latency_histogram import LatencyHistogram
-from sluiceway.api.metrics import _LATENCY_BUCKETS
+from sluiceway.api.observability.latency_histogram import LatencyHistogram
+from sluiceway.api.observability.metrics import _LATENCY_BUCKETS
 
 NAME = "sluiceway_test_latency_seconds"
 

@@ -18,9 +18,9 @@ import trio
 
 from server_helpers import eventually
 from sluiceway import protocol
-from sluiceway.api.batch_store import BatchStore
-from sluiceway.api.rate_limits import load_key_budgets
-from sluiceway.api.response_store import SqliteResponseStore, StoredResponse
+from sluiceway.api.batches.store import BatchStore
+from sluiceway.api.keys.rate_limits import load_key_budgets
+from sluiceway.api.responses.store import SqliteResponseStore, StoredResponse
 from sluiceway.config import KeyBudget
 from sluiceway.protocol.batches import Batch
 
@@ -71,7 +71,7 @@ async def create_batch(client: httpx.AsyncClient, file_id: str) -> httpx.Respons
 
 async def batches_done(server: Any) -> None:
     with trio.fail_after(30):
-        await server.state.batch_runner.idle.wait()
+        await server.batch_runner.idle.wait()
 
 
 async def read_background_stream(
@@ -271,7 +271,7 @@ async def test_owners_outlive_a_restart_on_the_sqlite_stores(
 
 
 def test_a_store_records_a_salted_hash_never_the_key(tmp_path: Any) -> None:
-    from sluiceway.api.owners import Owner
+    from sluiceway.api.keys.owners import Owner
 
     owner = Owner.of_key("secret-key-123", {})
     responses = SqliteResponseStore(tmp_path / "r.db")

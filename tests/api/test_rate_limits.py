@@ -10,8 +10,8 @@ import httpx
 import pytest
 import trio
 
-from sluiceway.api.errors import APIError
-from sluiceway.api.rate_limits import RateLimits, load_key_budgets
+from sluiceway.api.http.errors import APIError
+from sluiceway.api.keys.rate_limits import RateLimits, load_key_budgets
 from sluiceway.config import KeyBudget
 
 from .conftest import MODEL

@@ -22,7 +22,7 @@ from server_helpers import (
     eventually,
     parse_event,
 )
-from sluiceway.api.metrics import Metrics
+from sluiceway.api.observability.metrics import Metrics
 from sluiceway.cli import build_parser
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.transport import access_log

@@ -13,7 +13,7 @@ import trio
 
 from server_helpers import eventually
 from sluiceway import protocol
-from sluiceway.api.response_store import StoredResponse
+from sluiceway.api.responses.store import StoredResponse
 
 from .conftest import MODEL
 from .fakes import ScriptedRunner

@@ -17,9 +17,9 @@ import trio
 
 from server_helpers import eventually
 from sluiceway import protocol
-from sluiceway.api.response_input import chat_messages
-from sluiceway.api.response_output import ResponseOutput
-from sluiceway.api.response_store import MemoryResponseStore, SqliteResponseStore, StoredResponse
+from sluiceway.api.responses.input_items import chat_messages
+from sluiceway.api.responses.output import ResponseOutput
+from sluiceway.api.responses.store import MemoryResponseStore, SqliteResponseStore, StoredResponse
 from sluiceway.engine.batch import SampledToken, StepBatch
 
 from .conftest import MODEL, in_thread

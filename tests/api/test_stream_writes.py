@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from sluiceway.api.stream_output import StreamOutput
+from sluiceway.api.http.stream_output import StreamOutput
 
 
 class FakeChunkSocket:

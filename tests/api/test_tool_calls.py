@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluiceway.api.tool_calls import ToolCallParser, parse
-from sluiceway.api.tool_prompt import fallback_messages, template_knows_tools
+from sluiceway.api.pipeline.tool_calls import ToolCallParser, parse
+from sluiceway.api.pipeline.tool_prompt import fallback_messages, template_knows_tools
 from sluiceway.protocol import DeltaFunctionCall
 
 CALL_A = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'

@@ -8,8 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluiceway.api.errors import APIError
-from sluiceway.api.validation import parse_chat_request, parse_completion_request, parse_json
+from sluiceway.api.http.errors import APIError
+from sluiceway.api.pipeline.validation import (
+    parse_chat_request,
+    parse_completion_request,
+    parse_json,
+)
 
 VOCAB = 1000
 MSG = [{"role": "user", "content": "hi"}]

@@ -333,7 +333,7 @@ async def test_engine_rate_is_total_tokens_over_total_time(
     import threading
 
     from sluiceway.bench.serve_bench import EngineBaseline
-    from sluiceway.engine.model_thread import ModelThread
+    from sluiceway.engine.step_threads import ModelThread
 
     baseline = object.__new__(EngineBaseline)
     baseline.thread = ModelThread(name="baseline-test")

@@ -248,7 +248,7 @@ async def test_stream_interval_hands_over_held_tokens_before_a_failure(autojump_
     # Steps 0-2 made three tokens: the first went out alone, two were held.
     assert [d.token_ids for d in deltas[:2]] == [(99,), (100, 101)]
     assert deltas[-1].finish_reason == "error"
-    assert not engine._held
+    assert not engine._hold_back
 
 
 async def test_stream_interval_forgets_held_tokens_of_an_aborted_choice(autojump_clock):
@@ -258,9 +258,9 @@ async def test_stream_interval_forgets_held_tokens_of_an_aborted_choice(autojump
         async with engine.generate(tok.encode("ab"), SamplingParams(max_tokens=50)) as (ch,):
             await ch.receive()  # the first token
             await engine._step_boundary.park()  # the end of a later step: a token is held
-            assert engine._held
+            assert engine._hold_back
         await engine.wait_idle()
-        assert not engine._held
+        assert not engine._hold_back
         nursery.cancel_scope.cancel()
 
 

@@ -11,8 +11,8 @@ from engine_fakes import ByteTokenizer, ScriptedRunner
 
 from sluiceway.config import EngineConfig
 from sluiceway.engine.engine import Engine
-from sluiceway.engine.model_thread import ModelThread
 from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.engine.step_threads import ModelThread
 
 tok = ByteTokenizer()
 

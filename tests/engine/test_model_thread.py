@@ -5,7 +5,7 @@ import threading
 import pytest
 import trio
 
-from sluiceway.engine.model_thread import ModelThread
+from sluiceway.engine.step_threads import ModelThread
 
 
 async def test_every_job_runs_on_the_same_thread_in_order():

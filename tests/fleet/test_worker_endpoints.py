@@ -14,7 +14,7 @@ from fakes import ScriptedRunner
 
 from kv_event_helpers import replayed_events
 from server_helpers import chat, completion, eventually
-from sluiceway.api.routes_fleet import reachable
+from sluiceway.api.fleet.routes import reachable
 from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 MODEL = "test-model"

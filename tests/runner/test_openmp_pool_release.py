@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from sluiceway.engine.model_thread import find_openmp_pool_release
+from sluiceway.runner.openmp_teams import find_openmp_pool_release
 
 
 def _os_threads() -> int:

@@ -15,22 +15,25 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from sluiceway.api import errors, prompts
-from sluiceway.api.batch_runner import BatchRunner
-from sluiceway.api.batch_store import BatchStore
-from sluiceway.api.formatting import TokenText
-from sluiceway.api.json_body import encode_json, json_response
-from sluiceway.api.metrics import Metrics
-from sluiceway.api.owners import Owner
-from sluiceway.api.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
-from sluiceway.api.request_body import LimitedRequest
-from sluiceway.api.response_store import SqliteResponseStore
-from sluiceway.api.routes_batches import blueprint as batches_blueprint
-from sluiceway.api.routes_embeddings import blueprint as embeddings_blueprint
-from sluiceway.api.routes_fleet import blueprint as fleet_blueprint
-from sluiceway.api.routes_generation import blueprint as generation_blueprint
-from sluiceway.api.routes_misc import blueprint as misc_blueprint
-from sluiceway.api.routes_responses import blueprint as responses_blueprint
+from sluiceway.api.batches.routes import blueprint as batches_blueprint
+from sluiceway.api.batches.runner import BatchRunner
+from sluiceway.api.batches.store import BatchStore
+from sluiceway.api.embeddings.routes import blueprint as embeddings_blueprint
+from sluiceway.api.embeddings.routes import embed_in_background
+from sluiceway.api.fleet.routes import blueprint as fleet_blueprint
+from sluiceway.api.http import errors
+from sluiceway.api.http.json_body import encode_json, json_response
+from sluiceway.api.http.request_body import LimitedRequest
+from sluiceway.api.keys.owners import Owner
+from sluiceway.api.keys.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
+from sluiceway.api.observability.metrics import Metrics
+from sluiceway.api.openai_chat.routes import answer_chat_line, answer_completion_line
+from sluiceway.api.openai_chat.routes import blueprint as openai_chat_blueprint
+from sluiceway.api.pipeline import prompts
+from sluiceway.api.pipeline.formatting import TokenText
+from sluiceway.api.responses.routes import blueprint as responses_blueprint
+from sluiceway.api.responses.store import SqliteResponseStore
+from sluiceway.api.service.routes import blueprint as misc_blueprint
 from sluiceway.api.state import ServerState
 from sluiceway.config import AccessLogStyle, ServerConfig
 from sluiceway.engine.engine import Engine
@@ -215,11 +218,20 @@ def create_app(
     state.rate_limits = RateLimits(server_config.api_key_budgets)
     if server_config.response_store is not None:
         state.response_store = SqliteResponseStore(server_config.response_store)
-    state.batch_runner = BatchRunner(
-        state, BatchStore(server_config.batch_store or ":memory:"), server_config.batch_concurrency
+    batch_runner = BatchRunner(
+        state,
+        BatchStore(server_config.batch_store or ":memory:"),
+        server_config.batch_concurrency,
+        answers={
+            "/v1/chat/completions": answer_chat_line,
+            "/v1/completions": answer_completion_line,
+            "/v1/embeddings": embed_in_background,
+        },
     )
+    state.drain_hooks.append(batch_runner.pause)
     app.config["SLUICEWAY_STATE"] = state
-    app.register_blueprint(generation_blueprint)
+    app.config["SLUICEWAY_BATCHES"] = batch_runner
+    app.register_blueprint(openai_chat_blueprint)
     app.register_blueprint(responses_blueprint)
     app.register_blueprint(embeddings_blueprint)
     app.register_blueprint(batches_blueprint)

@@ -20,6 +20,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from sluiceway.api.app import SluicewayApp, create_app
+from sluiceway.api.batches.runner import BatchRunner, app_batch_runner
 from sluiceway.api.state import ServerState
 from sluiceway.config import EngineConfig, ModelConfig, ServerConfig
 from sluiceway.engine.engine import Engine
@@ -46,6 +47,10 @@ class RunningServer:
     app: SluicewayApp
     state: ServerState
     _stop: trio.Event
+
+    @property
+    def batch_runner(self) -> BatchRunner:
+        return app_batch_runner(self.app)
 
     def shutdown(self) -> None:
         """Begin draining (what SIGTERM does). Returns at once."""
@@ -142,8 +147,7 @@ async def serve_async(
         await engine_nursery.start(engine.run)
         async with trio.open_nursery() as http:
             state.background_nursery = http  # background responses run here
-            if state.batch_runner is not None:
-                await http.start(state.batch_runner.run)
+            await http.start(app_batch_runner(app).run)
 
             async def run_http(task_status: trio.TaskStatus[list[str]]) -> None:
                 await hypercorn_serve(
@@ -165,7 +169,7 @@ async def serve_async(
     log.info("stopped serving")
 
 
-def build_engine(
+def load_engine(
     model_config: ModelConfig, engine_config: EngineConfig
 ) -> tuple[Engine, str, int | None]:
     """Load the model and build its engine: (engine, served model name, vocab size).
@@ -191,7 +195,7 @@ def serve(
     from sluiceway.runner.loading import ModelLoadError
 
     try:
-        engine, name, vocab = build_engine(model_config, engine_config)
+        engine, name, vocab = load_engine(model_config, engine_config)
     except ModelLoadError as exc:
         print(f"sluiceway: {exc}", file=sys.stderr)
         return 2

@@ -5,26 +5,23 @@ from __future__ import annotations
 import math
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
 from quart import current_app
 
-from sluiceway.api.errors import APIError, draining, engine_unhealthy, model_not_found
-from sluiceway.api.formatting import TokenText
-from sluiceway.api.metrics import Metrics
-from sluiceway.api.rate_limits import RateLimits
-from sluiceway.api.response_store import MemoryResponseStore, ResponseStore
+from sluiceway.api.http.errors import APIError, draining, engine_unhealthy, model_not_found
+from sluiceway.api.keys.rate_limits import RateLimits
+from sluiceway.api.observability.metrics import Metrics
+from sluiceway.api.pipeline.formatting import TokenText
+from sluiceway.api.responses.store import MemoryResponseStore, ResponseStore
 from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_config import KVEventSource
 from sluiceway.grammar.compiler import GrammarCompiler
-
-if TYPE_CHECKING:
-    from sluiceway.api.batch_runner import BatchRunner
 
 
 @attrs.define(eq=False)
@@ -107,8 +104,9 @@ class ServerState:
     # The streamed background responses that have ended, latest last, so that a
     # reader may still follow their events (`GET ...?stream=true`); bounded.
     ended_streams: OrderedDict[str, BackgroundRun] = attrs.field(factory=OrderedDict)
-    # Runs Batch API batches (set by `create_app`; `serve_async` starts its task).
-    batch_runner: BatchRunner | None = None
+    # Called once when a drain begins, after new work is refused: background work
+    # that must stop at once (the Batch API's lines in flight) registers here.
+    drain_hooks: list[Callable[[], None]] = attrs.field(factory=list)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -175,8 +173,8 @@ class ServerState:
         flight stop at once: they stay pending for the next process."""
         self.draining = True
         self.engine.close()
-        if self.batch_runner is not None:
-            self.batch_runner.pause()
+        for hook in self.drain_hooks:
+            hook()
 
     async def wait_idle(self) -> None:
         while self.active:

@@ -6,12 +6,13 @@ import copy
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from sluiceway.client._defaults import DEFAULT
+from sluiceway.client._resources import Chat, Completions
 from sluiceway.client.errors import APIError, ResponseFormatError, StreamInterruptedError
 from sluiceway.protocol import (
     ChatCompletion,
@@ -21,8 +22,12 @@ from sluiceway.protocol import (
     Usage,
 )
 
-if TYPE_CHECKING:
-    from sluiceway.client._client import AsyncClient
+
+class Generating(Protocol):
+    """What fanning out needs of a client: its chat and completions resources."""
+
+    chat: Chat
+    completions: Completions
 
 ChunkChoice = ChatCompletionChunkChoice | CompletionChoice
 Result = ChatCompletion | Completion | APIError
@@ -133,7 +138,7 @@ def count_prompts(messages: Sequence[Any] | None, prompt: Any) -> int:
 
 @asynccontextmanager
 async def stream_choices(
-    client: AsyncClient,
+    client: Generating,
     *,
     messages: Sequence[Any] | None,
     prompt: Any,
@@ -271,7 +276,7 @@ def _as_request(spec: ChatRequest | CompletionRequest | Mapping[str, Any]) -> An
     raise ValueError(f"a request needs messages= or prompt=: {spec!r}")
 
 
-async def _run_one(client: AsyncClient, request: Any) -> ChatCompletion | Completion:
+async def _run_one(client: Generating, request: Any) -> ChatCompletion | Completion:
     timeout = DEFAULT if request.timeout is None else request.timeout
     if isinstance(request, ChatRequest):
         return await client.chat.completions.create(
@@ -283,7 +288,7 @@ async def _run_one(client: AsyncClient, request: Any) -> ChatCompletion | Comple
 
 
 async def run_many(
-    client: AsyncClient,
+    client: Generating,
     requests: Sequence[ChatRequest | CompletionRequest | Mapping[str, Any]],
     *,
     max_concurrency: int,

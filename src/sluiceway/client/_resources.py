@@ -4,10 +4,11 @@ client.embeddings, client.models."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
 from sluiceway.client._defaults import DEFAULT
 from sluiceway.client._streaming import Stream
+from sluiceway.client._transport import Transport
 from sluiceway.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -21,14 +22,12 @@ from sluiceway.protocol import (
 # `timeout=` parameters (ASYNC109) keep the OpenAI call shape; each becomes a
 # trio cancel scope inside, so callers may equally use their own scopes.
 
-if TYPE_CHECKING:
-    from sluiceway.client._client import AsyncClient
 
 
 class ChatCompletions:
     """``client.chat.completions``."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     @overload
@@ -116,14 +115,14 @@ class ChatCompletions:
 class Chat:
     """``client.chat``."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self.completions = ChatCompletions(client)
 
 
 class Completions:
     """``client.completions`` (the legacy text completions API)."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     @overload
@@ -194,7 +193,7 @@ class Completions:
 class Embeddings:
     """``client.embeddings``."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     async def create(
@@ -219,7 +218,7 @@ class Embeddings:
 class Models:
     """``client.models``."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: Transport) -> None:
         self._client = client
 
     async def list(self, *, timeout: Any = DEFAULT) -> ModelList:  # noqa: ASYNC109

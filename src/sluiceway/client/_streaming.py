@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 import trio
 from httpx_sse import EventSource
 
+from sluiceway.client._transport import Transport
 from sluiceway.client.errors import (
     APIStreamError,
     ResponseFormatError,
     StreamInterruptedError,
 )
 from sluiceway.protocol import ErrorObject
-
-if TYPE_CHECKING:
-    from sluiceway.client._client import AsyncClient
 
 T = TypeVar("T")
 
@@ -52,7 +50,7 @@ class Stream(Generic[T]):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: Transport,
         path: str,
         body: Mapping[str, Any],
         parse: Callable[[dict[str, Any]], T],

@@ -18,6 +18,13 @@ from contextlib import contextmanager
 
 import trio
 
+# How long nothing new may have begun or reached the engine before an engine woken
+# from idle takes its first step (`EngineConfig.burst_window`). Requests still
+# being prepared hold the step regardless; this covers the gap between the
+# requests of a burst, whose bytes reach the server a little apart. A lone request
+# pays it once, before its first step.
+BURST_QUIET = 0.0005
+
 
 class Arrivals:
     """How many requests are being prepared, and a wake-up whenever one begins,
@@ -65,6 +72,20 @@ class Arrivals:
                 await self._news.park()
             if quiet_period.cancelled_caught:
                 return
+
+    async def wait_for_burst(self, window: float) -> None:
+        """Return once the burst has arrived (`settle` with `BURST_QUIET`), or after
+        `window` seconds, whichever is first (at once for a window of 0).
+
+        Called when a request wakes the idle engine. Requests sent in parallel
+        reach it one after another; stepping at once would prefill the first
+        alone while the others are still being read and tokenized, then the rest
+        a step later, and every one of them would wait for both steps.
+        Cancellation ends the wait like any other."""
+        if window <= 0:
+            return
+        with trio.move_on_after(window):
+            await self.settle(BURST_QUIET)
 
 
 class Arrival:

@@ -1,11 +1,16 @@
 """The trio face of the engine: one step loop task and a handle for callers.
 
+`Engine` is what the server talks to; `EngineCore` (`core.py`) is the synchronous
+scheduler and KV-cache state it drives, which no other task touches.
+
 Data flow: callers `send_nowait` messages into the loop's inbox; the loop is the
-only task that touches the `EngineCore`; it runs each step on the model thread
-(a small decode on the event loop's own thread, if configured) and delivers
-deltas with `send_nowait` into per-choice channels sized so that a send can
-never block. A slow or vanished reader therefore never stalls the loop or
-another stream.
+only task that touches the `EngineCore`; it runs each step where
+`StepPlacement` puts it (the model thread under the watchdog, a small decode on
+the event loop's own thread if configured) and delivers deltas with `send_nowait`
+into per-choice channels sized so that a send can never block. A slow or
+vanished reader therefore never stalls the loop or another stream. Admission
+policy lives beside it: the burst window (`arrivals.py`) and the hold-back of
+`--stream-interval` (`hold_back.py`).
 """
 
 from __future__ import annotations
@@ -25,28 +30,17 @@ from sluiceway.engine.arrivals import Arrivals
 from sluiceway.engine.batch import ModelRunner
 from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
+from sluiceway.engine.hold_back import HoldBack
 from sluiceway.engine.kv_events import KVEventSink
-from sluiceway.engine.model_thread import (
-    CallingThread,
-    ModelThread,
-    StepThread,
-    find_openmp_pool_release,
-)
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.pooling import Pooling, PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
+from sluiceway.engine.step_placement import StepPlacement
+from sluiceway.engine.step_threads import CallingThread, ModelThread, StepThread
 
 logger = logging.getLogger(__name__)
 
 ChoiceChannel = trio.MemoryReceiveChannel[ChoiceDelta]
-
-# How long nothing new may have begun or reached the engine before an engine woken
-# from idle takes its first step (`EngineConfig.burst_window`, `Arrivals`). Requests
-# still being prepared hold the step regardless; this covers the gap between the
-# requests of a burst, whose bytes reach the server a little apart. A lone request
-# pays it once, before its first step.
-_BURST_QUIET = 0.0005
-
 
 @attrs.frozen
 class _AddRequest:
@@ -92,20 +86,18 @@ class Engine:
         `config.steps_on_event_loop`, steps on the event loop's thread. Decodes of
         at most `config.event_loop_decode_max_seqs` (default 0: none) sequences
         run on the event loop's thread too; each time steps move between
-        the threads, the one they leave first runs `openmp_pool_release` (default:
-        `find_openmp_pool_release()`; where that finds no way to free a team, steps
-        never move)."""
+        the threads, the one they leave first runs `openmp_pool_release` (the
+        builder passes `sluiceway.runner.openmp_teams.find_openmp_pool_release()`;
+        without one, steps never move)."""
         self.tokenizer = tokenizer
         if model_thread is None:
             model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
-        self._model_thread = model_thread
-        self._event_loop_thread = CallingThread()
-        self._steps_on: StepThread = model_thread  # the thread whose OpenMP team is live
-        if isinstance(model_thread, ModelThread) and config.event_loop_decode_max_seqs:
-            self._pool_release = openmp_pool_release or find_openmp_pool_release()
-        else:
-            self._pool_release = None
-        self._loop_decode_max_seqs = config.event_loop_decode_max_seqs if self._pool_release else 0
+        self._placement = StepPlacement(
+            model_thread,
+            step_timeout=config.step_timeout,
+            loop_decode_max_seqs=config.event_loop_decode_max_seqs,
+            openmp_pool_release=openmp_pool_release,
+        )
         self.config = config
         model_len = min(max_model_len, config.max_model_len or max_model_len)
         self._core = EngineCore(
@@ -122,15 +114,14 @@ class Engine:
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](math.inf)
         # seq id -> (request id, the choice's send channel); owned by the loop
         self._senders: dict[int, tuple[int, trio.MemorySendChannel[ChoiceDelta]]] = {}
-        # seq id -> tokens held back until `stream_interval` of them are ready; owned by the loop
-        self._held: dict[int, ChoiceDelta] = {}
+        # tokens held back until `stream_interval` of them are ready; owned by the loop
+        self._hold_back = HoldBack(config.stream_interval)
         self._live_requests: set[int] = set()
         self._queued_choices = 0  # choices sent to the inbox, not yet seen by the loop
         self._queued_background = 0  # the background ones among them
         self._request_ids = itertools.count()
         self._failure: str | None = None
         self._closed = False
-        self._abandoned_step = False  # the watchdog left a step running on the model thread
         self._step_boundary = trio.lowlevel.ParkingLot()
         # The server brackets each request's preparation with `arrivals.preparing()`.
         self.arrivals = Arrivals()
@@ -370,68 +361,23 @@ class Engine:
         finally:
             if self._failure is None:
                 self._fail("the engine stopped")
-            self._model_thread.stop()
-            if not self._abandoned_step:
-                # No torch may run once the caller's trio.run returns: the
-                # interpreter may be exiting (see `ModelThread.join`).
-                with trio.CancelScope(shield=True):
-                    await self._model_thread.join()
+            self._placement.stop()
+            # No torch may run once the caller's trio.run returns: the interpreter
+            # may be exiting (see `ModelThread.join`).
+            with trio.CancelScope(shield=True):
+                await self._placement.join()
 
     async def _let_burst_arrive(self) -> None:
-        """Return once the burst has arrived (`Arrivals.settle`: no request being
-        prepared, and none begun or submitted for `_BURST_QUIET` seconds), or after
-        `config.burst_window` seconds, whichever is first.
-
-        Called when a request wakes the idle engine. Requests sent in parallel
-        reach it one after another; stepping at once would prefill the first
-        alone while the others are still being read and tokenized, then the rest
-        a step later, and every one of them would wait for both steps.
-        Cancellation ends the wait like any other."""
-        window = self.config.burst_window
-        if window <= 0:
-            return
-        with trio.move_on_after(window):
-            await self.arrivals.settle(_BURST_QUIET)
+        """Return once the burst has arrived, or after `config.burst_window`
+        seconds (`Arrivals.wait_for_burst`). Called when a request wakes the idle
+        engine."""
+        await self.arrivals.wait_for_burst(self.config.burst_window)
 
     async def _step(self) -> list[tuple[int, ChoiceDelta]] | None:
-        """Run one step where it belongs: a decode of at most
-        `event_loop_decode_max_seqs` sequences on this (the event loop's) thread,
-        which blocks the loop for that step and cannot be abandoned; anything else
-        on the model thread under the watchdog. None if the watchdog fired."""
-        if self._loop_decode_max_seqs and self._core.next_step_only_decodes(
-            self._loop_decode_max_seqs
-        ):
-            await self._move_steps_to(self._event_loop_thread)
-            return await self._event_loop_thread.run(self._core.step)
-        await self._move_steps_to(self._model_thread)
-        return await self._step_with_watchdog()
-
-    async def _move_steps_to(self, thread: StepThread) -> None:
-        """Free the OpenMP team of the thread steps leave, on that thread, so that
-        only one team exists (see `find_openmp_pool_release`). Cancellation waits
-        for the release, which takes well under a millisecond."""
-        if thread is self._steps_on:
-            return
-        assert self._pool_release is not None
-        await self._steps_on.run(self._pool_release)
-        self._steps_on = thread
-
-    async def _step_with_watchdog(self) -> list[tuple[int, ChoiceDelta]] | None:
-        """Run one step on the model thread; None if it outran `step_timeout`.
-
-        A thread cannot be interrupted, so a hung step is abandoned: the engine
-        stops using the core and fails, rather than leaving every request waiting.
-        Only the watchdog abandons a step: cancellation from outside waits for it
-        (the shield), since a step abandoned at shutdown would still be running
-        torch while the interpreter exits, which aborts the process.
-        """
-        timeout = self.config.step_timeout
-        if timeout is None:
-            return await self._model_thread.run(self._core.step)
-        with trio.CancelScope(deadline=trio.current_time() + timeout, shield=True):
-            return await self._model_thread.run(self._core.step, abandon_on_cancel=True)
-        self._abandoned_step = True
-        return None
+        """Run one step where `StepPlacement` puts it; None if the watchdog fired."""
+        max_seqs = self._placement.loop_decode_max_seqs
+        small_decode = bool(max_seqs) and self._core.next_step_only_decodes(max_seqs)
+        return await self._placement.run(self._core.step, on_event_loop=small_decode)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -470,14 +416,14 @@ class Engine:
         self._live_requests.discard(request_id)
         for seq_id in self._core.abort_request(request_id):
             self._senders.pop(seq_id)[1].close()
-            self._held.pop(seq_id, None)
+            self._hold_back.take(seq_id)
 
     def _deliver(self, deltas: list[tuple[int, ChoiceDelta]]) -> None:
         for seq_id, delta in deltas:
             entry = self._senders.get(seq_id)
             if entry is None:
                 continue
-            ready = self._hold_back(seq_id, delta)
+            ready = self._hold_back.ready(seq_id, delta)
             if ready is None:
                 continue
             request_id, sender = entry
@@ -491,30 +437,11 @@ class Engine:
                 if not self._core.has_request(request_id):
                     self._live_requests.discard(request_id)
 
-    def _hold_back(self, seq_id: int, delta: ChoiceDelta) -> ChoiceDelta | None:
-        """The delta to send now for `seq_id` (joined with the tokens held back
-        before it), or None to hold it until `stream_interval` tokens are ready.
-        The first token and the last delta are never held."""
-        interval = self.config.stream_interval
-        if interval == 1:
-            return delta
-        held = self._held.pop(seq_id, None)
-        if held is not None:
-            delta = held.then(delta)
-        if (
-            delta.finish_reason is not None
-            or delta.num_output_tokens == 1
-            or len(delta.token_ids) >= interval
-        ):
-            return delta
-        self._held[seq_id] = delta
-        return None
-
     def _fail(self, reason: str) -> None:
         self._failure = reason
         error = ChoiceDelta((), "", finish_reason="error", error=reason)
         for seq_id, (_, sender) in self._senders.items():
-            held = self._held.pop(seq_id, None)
+            held = self._hold_back.take(seq_id)
             try:
                 if held is not None:  # tokens already made are not lost
                     sender.send_nowait(held)

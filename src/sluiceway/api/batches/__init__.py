@@ -1,0 +1,2 @@
+"""The Batch API surface: /v1/files, /v1/batches, the batch store and the runner
+that answers their lines at background priority."""

@@ -1,0 +1,1 @@
+"""The embeddings surface (POST /v1/embeddings)."""

@@ -1,0 +1,1 @@
+"""What belongs to an API key: the owner of stored objects and the per-key budgets."""

@@ -1,0 +1,181 @@
+"""Per-endpoint shapes of chunks and full responses (chat vs legacy completions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sluiceway import protocol
+from sluiceway.api.pipeline import formatting as fmt
+from sluiceway.api.pipeline import tool_calls
+from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
+from sluiceway.api.pipeline.validation import ChatRequest, CompletionRequest
+from sluiceway.engine.outputs import ChoiceDelta
+
+_EMPTY_DELTA = protocol.DeltaMessage()
+
+
+@attrs.frozen
+class ChatShape:
+    request: ChatRequest
+    token_text: fmt.TokenText
+    id_prefix: str = "chatcmpl-"
+    chunk_type: type[protocol.ChatCompletionChunk] = protocol.ChatCompletionChunk
+
+    def _logprobs(self, choice_logprobs: Any) -> list[protocol.ChatTokenLogprob] | None:
+        if not self.request.logprobs:
+            return None
+        return fmt.chat_logprobs(choice_logprobs, self.token_text, self.request.top_logprobs)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        use = self.request.tool_use
+        return use is not None and use.parse_calls
+
+    def open_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChunkChoice | None:
+        """The first chunk of every choice carries the role, as OpenAI sends it."""
+        return protocol.ChatCompletionChunkChoice(
+            choice.index, protocol.DeltaMessage(role="assistant", content="")
+        )
+
+    def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
+        """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
+        delta.text)`; None otherwise. Changes nothing (see CompletionShape's)."""
+        if (
+            not self.parses_tool_calls
+            and delta.text
+            and delta.finish_reason is None
+            and not (self.request.logprobs and delta.logprobs)
+        ):
+            return delta.text
+        return None
+
+    def text_choice(self, index: int, text: str) -> protocol.ChatCompletionChunkChoice:
+        return protocol.ChatCompletionChunkChoice(index, protocol.DeltaMessage(content=text))
+
+    def delta_choice(
+        self, choice: ChoiceState, delta: ChoiceDelta
+    ) -> protocol.ChatCompletionChunkChoice | None:
+        finish: str | None = delta.finish_reason
+        if self.parses_tool_calls:
+            body, finish = self._tool_delta(choice, delta)
+        else:
+            body = protocol.DeltaMessage(content=delta.text or None)
+        logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
+        if body == _EMPTY_DELTA and logprobs is None and finish is None:
+            return None
+        return protocol.ChatCompletionChunkChoice(
+            choice.index,
+            body,
+            finish,
+            None if logprobs is None else protocol.ChatLogprobs(logprobs),
+            delta.stop_reason,
+        )
+
+    @staticmethod
+    def _tool_delta(
+        choice: ChoiceState, delta: ChoiceDelta
+    ) -> tuple[protocol.DeltaMessage, str | None]:
+        """The delta's content and tool-call pieces, and its finish reason: a choice
+        that stopped after making calls finishes with "tool_calls"."""
+        parser = choice.tool_parser
+        if parser is None:
+            parser = choice.tool_parser = tool_calls.ToolCallParser()
+        content, calls = parser.feed(delta.text)
+        finish: str | None = delta.finish_reason
+        if finish is not None:
+            content += parser.finish()
+            if finish == "stop" and parser.calls:
+                finish = "tool_calls"
+        return protocol.DeltaMessage(content=content or None, tool_calls=calls or None), finish
+
+    def final_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChoice:
+        logprobs = self._logprobs(choice.logprobs)
+        content: str | None = choice.text
+        calls: list[protocol.ToolCall] = []
+        finish: str | None = choice.finish_reason
+        if self.parses_tool_calls:
+            content, calls = tool_calls.parse(choice.text)
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        return protocol.ChatCompletionChoice(
+            index=choice.index,
+            message=protocol.ChatMessage("assistant", content, calls or None),
+            finish_reason=finish,
+            logprobs=None if logprobs is None else protocol.ChatLogprobs(logprobs),
+            stop_reason=choice.stop_reason,
+        )
+
+    def full_response(self, **fields: Any) -> protocol.ChatCompletion:
+        return protocol.ChatCompletion(**fields)
+
+
+@attrs.frozen
+class CompletionShape:
+    request: CompletionRequest
+    token_text: fmt.TokenText
+    id_prefix: str = "cmpl-"
+    chunk_type: type[protocol.CompletionChunk] = protocol.CompletionChunk
+
+    def open_choice(self, choice: ChoiceState) -> protocol.CompletionChoice | None:
+        if not (self.request.echo and choice.prompt.text):
+            return None
+        return protocol.CompletionChoice(choice.index, choice.prompt.text)
+
+    def text_only_delta(self, choice: ChoiceState, delta: ChoiceDelta) -> str | None:
+        """`delta.text` when `delta_choice` would give just `text_choice(choice.index,
+        delta.text)`, having advanced the choice's text offset as it would; None
+        otherwise, changing nothing."""
+        if (
+            delta.text
+            and delta.finish_reason is None
+            and not (self.request.params.logprobs is not None and delta.logprobs)
+        ):
+            choice.text_offset += len(delta.text)
+            return delta.text
+        return None
+
+    def text_choice(self, index: int, text: str) -> protocol.CompletionChoice:
+        return protocol.CompletionChoice(index, text)
+
+    def delta_choice(self, choice: ChoiceState, delta: ChoiceDelta) -> protocol.CompletionChoice | None:
+        logprobs = None
+        if self.request.params.logprobs is not None and delta.logprobs:
+            logprobs = fmt.completion_logprobs(delta.logprobs, self.token_text, choice.text_offset)
+        choice.text_offset += len(delta.text)
+        if not delta.text and logprobs is None and delta.finish_reason is None:
+            return None
+        return protocol.CompletionChoice(
+            choice.index, delta.text, delta.finish_reason, logprobs, delta.stop_reason
+        )
+
+    def final_choice(self, choice: ChoiceState) -> protocol.CompletionChoice:
+        logprobs = None
+        if self.request.params.logprobs is not None:
+            logprobs = fmt.completion_logprobs(choice.logprobs, self.token_text, 0)
+        text = choice.text
+        if self.request.echo:
+            text = choice.prompt.text + text
+        return protocol.CompletionChoice(
+            choice.index, text, choice.finish_reason, logprobs, choice.stop_reason
+        )
+
+    def full_response(self, **fields: Any) -> protocol.Completion:
+        return protocol.Completion(**fields)
+
+
+Shape = ChatShape | CompletionShape
+ChunkChoice = protocol.ChatCompletionChunkChoice | protocol.CompletionChoice
+
+
+def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) -> dict[str, Any]:
+    """The non-streamed response body, built from the protocol types."""
+    response = shape.full_response(
+        id=request_id,
+        model=run.state.model_name,
+        choices=[shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)],
+        created=created,
+        usage=fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens),
+    )
+    return response.to_dict()
