@@ -148,15 +148,23 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, None, "Not found")
 
-    def _metadata(self, repo_id: str, revision: str) -> None:
+    def _found(self, repo_id: str, revision: str) -> tuple[StandInRepo, str] | None:
+        """The repository and the commit `revision` names, or None once the
+        error that one of them is missing is sent."""
         repo = self.stand_in.repos.get(repo_id)
         if repo is None:
             self._error(401, "RepoNotFound", "Repository not found")
-            return
+            return None
         commit = _commit(repo, revision)
         if commit is None:
             self._error(404, "RevisionNotFound", "Invalid rev id: " + revision)
+            return None
+        return repo, commit
+
+    def _metadata(self, repo_id: str, revision: str) -> None:
+        if (found := self._found(repo_id, revision)) is None:
             return
+        repo, commit = found
         info = {
             "_id": repo.commit[:24],
             "id": repo_id,
@@ -175,14 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _file(self, repo_id: str, revision: str, name: str, body: bool) -> None:
         hub = self.stand_in
-        repo = hub.repos.get(repo_id)
-        if repo is None:
-            self._error(401, "RepoNotFound", "Repository not found")
+        if (found := self._found(repo_id, revision)) is None:
             return
-        commit = _commit(repo, revision)
-        if commit is None:
-            self._error(404, "RevisionNotFound", "Invalid rev id: " + revision)
-            return
+        repo, commit = found
         if repo.gated_token is not None:
             auth = self.headers.get("Authorization")
             if auth != f"Bearer {repo.gated_token}":
