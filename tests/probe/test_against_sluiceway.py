@@ -16,3 +16,10 @@ async def test_every_scenario_passes_against_sluiceway(sluiceway_server: Running
     assert not failed, failed
     assert report.model == "test-model"
     assert not report.not_run
+    # After each scenario the server let go of everything the probe had sent.
+    left = {
+        r.name: r.numbers["server_after"]
+        for r in report.results
+        if r.numbers["server_after"]["busy_after"] > r.numbers["server_after"]["busy_before"]
+    }
+    assert not left, left

@@ -55,6 +55,7 @@ class ProbeContext:
     ledger: Ledger
     bound_s: float
     numbers: dict[str, Any] = attrs.field(factory=dict)
+    records: list[StreamRecord] = attrs.field(factory=list)
     progress: str | Callable[[], str] = "starting"
 
     def describe_progress(self) -> str:
@@ -84,6 +85,7 @@ class ProbeContext:
         with self.ledger.request(int(body.get("max_tokens") or 0)):
             stream = Stream(client or self.client, path, {**body, "stream": True}, _raw, None)
             record = StreamRecord(opened_at=self.now())
+            self.records.append(record)
             async with stream:
                 yield stream, record
 

@@ -85,6 +85,16 @@ class StreamRecord:
 
     # ------------------------------------------------------------ summaries
 
+    def summary(self, since: float) -> dict[str, Any]:
+        """What this stream had delivered: times in seconds from ``since``."""
+        return {
+            "opened_s": round(self.opened_at - since, 4),
+            "chunks": self.chunks,
+            "entries": {i: len(t.times) for i, t in sorted(self.choices.items())},
+            "finished": self.finished(),
+            "done": self.done,
+        }
+
     def finished(self) -> list[int]:
         return sorted(i for i, t in self.choices.items() if t.finished_at is not None)
 

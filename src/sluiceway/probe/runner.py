@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
 
 from sluiceway.client import APIError, AsyncClient
 from sluiceway.probe.context import ProbeContext, UnsupportedError, leaves
+from sluiceway.probe.gauges import Gauges, read_gauges
 from sluiceway.probe.ledger import Ledger
 from sluiceway.probe.result import ProbeReport, ScenarioResult, Verdict
 from sluiceway.probe.scenarios import BY_NAME, SCENARIOS, Scenario
@@ -18,6 +20,8 @@ from sluiceway.probe.scenarios import BY_NAME, SCENARIOS, Scenario
 DEFAULT_BUDGET_S = 180.0
 SETUP_TIMEOUT_S = 10.0
 MIN_SCENARIO_S = 1.0
+SETTLE_S = 5.0
+SETTLE_POLL_S = 0.1
 
 
 class ProbeSetupError(Exception):
@@ -109,9 +113,12 @@ async def run_scenario(
 ) -> ScenarioResult:
     """One scenario within ``bound`` seconds. Expiry is a failure whose reason is
     what it was waiting for; a refusal is "not supported"; a broken stream is a
-    failure. Everything it opened is closed when this returns."""
+    failure. Everything it opened is closed when this returns, and, where the
+    server has running gauges, the server has let it go (or ``SETTLE_S`` passed;
+    ``numbers["server_after"]`` says which)."""
     ledger = Ledger(max_requests=scenario.max_requests)
     ctx = ProbeContext(config.url, model, config.api_key, client, ledger, bound)
+    before = await read_gauges(client)
     began = trio.current_time()
     verdict, reason = Verdict.FAIL, ""
     with trio.move_on_after(bound) as scope:
@@ -125,15 +132,39 @@ async def run_scenario(
     if scope.cancelled_caught:
         verdict = Verdict.FAIL
         reason = f"not done within its {bound:.1f} s bound: {ctx.describe_progress()}"
+        ctx.numbers["streams_at_bound"] = [r.summary(began) for r in ctx.records]
+    seconds = trio.current_time() - began
+    if before is not None:
+        ctx.numbers["server_after"] = await _settle(client, before)
     return ScenarioResult(
         name=scenario.name,
         verdict=verdict,
         reason=reason,
         numbers=ctx.numbers,
         load=ledger.load(),
-        seconds=trio.current_time() - began,
+        seconds=seconds,
         bound_s=bound,
     )
+
+
+async def _settle(client: AsyncClient, before: Gauges) -> dict[str, Any]:
+    """Wait (at most ``SETTLE_S``) for the server's running + waiting count to
+    return to what it was before the scenario: every stream the probe closed
+    must be let go by the server too. Says how long that took, or what was left."""
+    began = trio.current_time()
+    now: Gauges | None = before
+    with trio.move_on_after(SETTLE_S):
+        while True:
+            now = await read_gauges(client)
+            if now is None or now.busy <= before.busy:
+                break
+            await trio.sleep(SETTLE_POLL_S)
+    busy = None if now is None else now.busy
+    return {
+        "busy_before": before.busy,
+        "busy_after": busy,
+        "settled_s": round(trio.current_time() - began, 4),
+    }
 
 
 def _classify(exc: BaseException) -> tuple[Verdict, str]:

@@ -46,7 +46,8 @@ async def reconnect_storm(ctx: ProbeContext) -> Outcome:
 
     async def one(i: int) -> None:
         async with limiter:
-            dropped[0] += await _cancel_after(ctx, i % 2)
+            cancelled = await _cancel_after(ctx, i % 2)
+            dropped[0] += cancelled
 
     ctx.progress = lambda: f"storm: {dropped[0]} of {STORM} streams opened and dropped"
     with refusal_means_unsupported("a streamed chat request"):

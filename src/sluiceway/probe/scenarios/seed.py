@@ -17,7 +17,8 @@ from sluiceway.probe.scenarios.checks import choice_problems, durations, first_o
 
 WAYS = 4
 TOKENS = 32
-PROMPT = "Count from one to fifty in words, separated by commas."
+# Small models answer a request to count with one line; a story runs on.
+PROMPT = "Write a long story about a river, a bridge and the sea."
 PROMPTS = (
     "Count from one to fifty in words, separated by commas.",
     "List the months of the year, one per line.",
