@@ -115,6 +115,9 @@ def test_a_quant_is_picked_by_name_case_insensitively():
     assert gguf_plan("o/T", GGUFS, "q8_0").files == ("Tiny-Q8_0.gguf",)
     assert gguf_plan("o/T", GGUFS, "iq4_xs").files == ("Tiny-IQ4_XS.gguf",)
     assert gguf_plan("o/T", GGUFS, "Q4_K_XL").files == ("Tiny-UD-Q4_K_XL.gguf",)
+    assert gguf_plan("o/T", ["m-Q4_K_M-imat.gguf", "m-Q8_0-imat.gguf"], "q8_0").files == ("m-Q8_0-imat.gguf",)
+    with pytest.raises(HubError, match=r"^o/T has no Q4_K GGUF; quants there: Q4_K_M$"):
+        gguf_plan("o/T", ["m-Q4_K_M.gguf"], "Q4_K")  # a family of quants, not one
     split = gguf_plan("o/T", GGUFS, "bf16")
     assert split.quant == "BF16"
     assert split.files == ("BF16/Tiny-BF16-00001-of-00002.gguf", "BF16/Tiny-BF16-00002-of-00002.gguf")

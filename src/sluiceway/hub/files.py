@@ -150,7 +150,8 @@ def quant_of(name: str) -> str:
 
 
 def gguf_plan(repo_id: str, names: Collection[str], quant: str | None) -> GgufPlan:
-    """The GGUF of `quant` (case-insensitive; `Q4_K_XL` also finds `UD-Q4_K_XL`),
+    """The GGUF of `quant` (case-insensitive; `Q4_K_XL` also finds `UD-Q4_K_XL`,
+    `Q4_K_M` also `model-Q4_K_M-imat.gguf`),
     or without one the only quant there, else the first of Q4_K_M, Q4_0, Q8_0,
     else the first by name; the choice is logged. HubError when no file matches
     (naming the quants there) or a split file lacks parts."""
@@ -162,9 +163,14 @@ def gguf_plan(repo_id: str, names: Collection[str], quant: str | None) -> GgufPl
     quants = sorted({q for q, _ in groups})
     if quant is not None:
         wanted = quant.upper()
-        chosen = [g for g in groups if g[0] == wanted] or [
-            g for g in groups if g[0].endswith("-" + wanted)
-        ]
+        # The quant a name ends with, then one it ends with after a prefix
+        # (UD-Q4_K_XL), then one anywhere in it between separators (Q4_K_M-imat).
+        token = re.compile(rf"(?:^|[-_./]){re.escape(wanted)}(?:[-.]|$)", re.IGNORECASE)
+        chosen = (
+            [g for g in groups if g[0] == wanted]
+            or [g for g in groups if g[0].endswith("-" + wanted)]
+            or [g for g in groups if token.search(g[1][0][: -len(".gguf")])]
+        )
         if not chosen:
             raise HubError(f"{repo_id} has no {quant} GGUF; quants there: {', '.join(quants)}")
         label, files = chosen[0]
