@@ -1,71 +1,98 @@
 """The private parts of hypercorn, quart-trio and h11 that `sluiceway.transport`
-(`tcp_server.py`, `h11_protocol.py`, `connection.py`, `chunk_socket.py`) overrides
-or reads still have the shape those modules were written against. pyproject.toml
-pins the versions; this fails with the name of what changed, so an upgrade is a
-decision, not a surprise."""
+overrides or reads (listed once, in `transport/internals.py`) still have the shape
+those modules were written against, in the versions they were checked against;
+when one changes, the server falls back to hypercorn's own classes, loudly, rather
+than misbehave; and the overrides apply to our servers only, not to every
+hypercorn server in the process."""
 
 from __future__ import annotations
 
-import inspect
+import logging
+from typing import Any
 
-import h11
 import hypercorn.protocol
 import pytest
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import TrioSingleTask
-from quart_trio.asgi import TrioASGIHTTPConnection
+from hypercorn.trio.worker_context import WorkerContext
 
-# (owner, attribute, parameter names of a callable or None for a plain attribute)
-EXPECTED: list[tuple[object, str, tuple[str, ...] | None]] = [
-    (hypercorn_run, "TCPServer", None),
-    (hypercorn.protocol, "H11Protocol", None),
-    (TCPServer, "protocol_send", ("self", "event")),
-    (TCPServer, "_close", ("self",)),
-    (TCPServer, "_read_data", ("self",)),
-    (TCPServer, "_idle_timeout", ("self",)),
-    (TrioSingleTask, "restart", ("self", "task_group", "action")),
-    (TrioSingleTask, "stop", ("self",)),
-    (H11Protocol, "_handle_events", ("self",)),
-    (H11Protocol, "_maybe_recycle", ("self",)),
-    (H11Protocol, "_close_stream", ("self",)),
-    (H11Protocol, "_check_protocol", ("self", "event")),
-    (H11Protocol, "_create_stream", ("self", "request")),
-    (H11Protocol, "_send_h11_event", ("self", "event")),
-    (H11Protocol, "_send_error_response", ("self", "status_code")),
-    (H11Protocol, "stream_send", ("self", "event")),
-    (HTTPStream, "app_send", ("self", "message")),
-    (TrioASGIHTTPConnection, "handle_messages", ("self", "nursery", "request", "receive")),
-    (TrioASGIHTTPConnection, "handle_request", ("self", "nursery", "request", "send")),
-    (TrioASGIHTTPConnection, "_create_request_from_scope", ("self", "send")),
-]
+from sluiceway.transport import internals, tcp_server
+from sluiceway.transport.h11_protocol import RecyclingH11Protocol
 
 
-@pytest.mark.parametrize(("owner", "name", "parameters"), EXPECTED, ids=lambda v: getattr(v, "__name__", str(v)))
-def test_overridden_internals_keep_their_shape(
-    owner: object, name: str, parameters: tuple[str, ...] | None
+def test_every_overridden_internal_keeps_its_shape() -> None:
+    assert internals.problems() == []
+
+
+def test_the_installed_versions_are_the_ones_checked() -> None:
+    assert internals.version_problems() == []
+
+
+def test_a_changed_signature_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def protocol_send(self: Any, event: Any, extra: Any) -> None: ...
+
+    monkeypatch.setattr(TCPServer, "protocol_send", protocol_send)
+    (problem,) = internals.problems()
+    assert "TCPServer.protocol_send now takes" in problem and "tcp_server" in problem
+
+
+def test_a_newer_minor_version_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(internals.CHECKED_AGAINST, "h11", "0.99")
+    (problem,) = internals.version_problems()
+    assert problem.startswith("h11 ") and "0.99.x" in problem
+
+
+@pytest.fixture
+def hypercorn_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hypercorn's two names as hypercorn ships them, put back after the test."""
+    monkeypatch.setattr(hypercorn_run, "TCPServer", TCPServer)
+    monkeypatch.setattr(hypercorn.protocol, "H11Protocol", H11Protocol)
+
+
+def test_changed_internals_leave_hypercorn_serving_and_say_why(
+    hypercorn_names: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__name__', owner)}.{name}"
-    assert hasattr(owner, name), f"{where} is gone: review the modules that override it before upgrading"
-    if parameters is not None:
-        got = tuple(inspect.signature(getattr(owner, name)).parameters)
-        assert got == parameters, f"{where} now takes {got}, not {parameters}: review before upgrading"
+    monkeypatch.setattr(internals, "problems", lambda: ["TCPServer._close is gone"])
+    with caplog.at_level(logging.ERROR):
+        assert tcp_server.install() is False
+    assert hypercorn_run.TCPServer is TCPServer
+    assert hypercorn.protocol.H11Protocol is H11Protocol
+    assert "TCPServer._close is gone" in caplog.text
 
 
-def test_tcp_server_instance_state_is_where_the_overrides_look() -> None:
-    source = inspect.getsource(TCPServer.__init__)
-    for attribute in ("self.send_lock", "self.idle_task", "self.stream", "self.protocol"):
-        assert attribute in source, f"hypercorn's TCPServer no longer sets {attribute}"
-    source = inspect.getsource(H11Protocol.__init__)
-    for attribute in ("self.can_read", "self.connection", "self.stream", "self.task_group"):
-        assert attribute in source, f"hypercorn's H11Protocol no longer sets {attribute}"
+def _server_for(config: HypercornConfig) -> Any:
+    stream: Any = object()  # never read: only the constructor runs
+    return hypercorn_run.TCPServer(None, config, WorkerContext(None), {}, stream)  # type: ignore[arg-type]
 
 
-def test_h11_chunk_writer_is_where_chunk_socket_looks() -> None:
-    from h11._writers import ChunkedWriter
+def test_only_servers_with_a_transport_config_get_our_classes(hypercorn_names: None) -> None:
+    assert tcp_server.install() is True
+    assert tcp_server.install() is True  # idempotent
+    assert type(_server_for(tcp_server.TransportConfig())) is tcp_server.ImmediateSendTCPServer
+    assert type(_server_for(HypercornConfig())) is TCPServer
 
-    connection = h11.Connection(h11.SERVER)
-    assert hasattr(connection, "_writer"), "h11.Connection no longer keeps its body writer in _writer"
-    assert callable(ChunkedWriter)
+
+def test_only_connections_of_a_transport_config_get_the_recycling_protocol(
+    hypercorn_names: None,
+) -> None:
+    assert tcp_server.install() is True
+
+    def protocol_for(config: HypercornConfig) -> Any:
+        async def send(event: Any) -> None: ...
+
+        return hypercorn.protocol.H11Protocol(
+            None,  # type: ignore[arg-type]
+            config,
+            WorkerContext(None),
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            False,
+            None,
+            None,
+            send,
+        )
+
+    assert type(protocol_for(tcp_server.TransportConfig())) is RecyclingH11Protocol
+    assert type(protocol_for(HypercornConfig())) is H11Protocol

@@ -59,12 +59,6 @@ async def read_exactly(stream: trio.SocketStream, size: int) -> bytes:
     return bytes(got)
 
 
-def test_install_makes_hypercorns_worker_build_immediate_send_servers():
-    assert tcp_server.install()
-    assert hypercorn_run.TCPServer is ImmediateSendTCPServer
-    assert tcp_server.install()  # idempotent
-
-
 def test_install_leaves_a_worker_it_does_not_recognise_alone(monkeypatch: pytest.MonkeyPatch):
     class SomeOtherServer:
         pass

@@ -95,7 +95,7 @@ async def _watch_signals(running: RunningServer) -> None:
 
 
 def hypercorn_config(server_config: ServerConfig) -> HypercornConfig:
-    config = HypercornConfig()
+    config = tcp_server.TransportConfig()
     config.bind = [f"{server_config.host}:{server_config.port}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -136,8 +136,7 @@ async def serve_async(
         model_vocab_size=model_vocab_size,
     )
     state: ServerState = app.config["SLUICEWAY_STATE"]
-    if not tcp_server.install():
-        log.info("hypercorn's own TCP send in use (the immediate send does not apply here)")
+    tcp_server.install()  # logs why where hypercorn's own transport must serve
     stop, hypercorn_stop = trio.Event(), trio.Event()
     config = hypercorn_config(server_config)
     async with (

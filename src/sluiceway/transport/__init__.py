@@ -4,10 +4,12 @@ parts of hypercorn, h11 and quart-trio.
 `sluiceway.api` holds routes and wire logic and talks to this package through
 four names only:
 
-- `tcp_server.install()` puts `ImmediateSendTCPServer` and `RecyclingH11Protocol`
-  in place of hypercorn's classes before `hypercorn.trio.serve` starts (it
-  returns False, and hypercorn's own classes stay, where the internals no longer
-  look as expected);
+- `tcp_server.TransportConfig` (the hypercorn config of a server of ours) and
+  `tcp_server.install()`: servers started with such a config build
+  `ImmediateSendTCPServer` and `RecyclingH11Protocol` instead of hypercorn's
+  classes; any other hypercorn server in the process keeps hypercorn's. Where
+  the internals no longer look as checked, `install()` patches nothing, logs
+  what changed and returns False;
 - `connection.SluicewayHTTPConnection` is the app's quart-trio connection class;
   `connection_nursery()` / `connection_send()` give a route its request's nursery
   and ASGI send;
@@ -35,7 +37,9 @@ What it needs from below, and why:
   `_create_request_from_scope`): the request's nursery, request ids and the
   access line.
 
-pyproject.toml bounds hypercorn, h11 and quart-trio to the minor versions this
-was written against, and `tests/api/test_server_internals.py` fails with the
-name of whatever changed shape, so an upgrade is reviewed here and nowhere else.
+Each of those private parts is listed once, in `internals.py`, with the versions
+it was checked against. pyproject.toml bounds hypercorn, h11 and quart-trio to
+those minor versions, and `tests/api/test_server_internals.py` fails with the
+name of whatever changed shape or version, so an upgrade is reviewed here and
+nowhere else.
 """

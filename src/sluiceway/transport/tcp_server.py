@@ -37,16 +37,18 @@ import socket
 import struct
 import sys
 from contextlib import suppress
+from typing import Any
 
 import h11
 import hypercorn.protocol
 import trio
+from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
-from sluiceway.transport import access_log, connection_limits
+from sluiceway.transport import access_log, connection_limits, internals
 from sluiceway.transport.h11_protocol import RecyclingH11Protocol
 
 log = logging.getLogger(__name__)
@@ -245,21 +247,46 @@ def plain_socket_fd(stream: object) -> int | None:
     return fd if fd >= 0 else None
 
 
+class TransportConfig(HypercornConfig):
+    """hypercorn's config for a server of ours: a server started with one gets
+    `ImmediateSendTCPServer` and `RecyclingH11Protocol`; every other hypercorn
+    server in the process keeps hypercorn's own classes."""
+
+
+class _TCPServerForConfig:
+    """Stands in for `TCPServer` in hypercorn's trio worker: builds ours for a
+    `TransportConfig` (where a plain `os.write` can send), hypercorn's otherwise."""
+
+    def __new__(cls, app: Any, config: Any, *args: Any) -> Any:
+        ours = isinstance(config, TransportConfig) and sys.platform != "win32"
+        return (ImmediateSendTCPServer if ours else TCPServer)(app, config, *args)
+
+
+class _H11ProtocolForConfig:
+    """Stands in for `H11Protocol` in hypercorn's `ProtocolWrapper`: builds ours
+    for a `TransportConfig`, hypercorn's otherwise."""
+
+    def __new__(cls, app: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+        protocol = RecyclingH11Protocol if isinstance(config, TransportConfig) else H11Protocol
+        return protocol(app, config, *args, **kwargs)
+
+
 def install() -> bool:
-    """Make hypercorn's trio worker (`hypercorn.trio.serve`) build its HTTP/1.1
-    connections with `RecyclingH11Protocol` (see its module) and its TCP
-    connections with `ImmediateSendTCPServer`. Idempotent. Returns False, leaving
-    hypercorn's TCP server in place, where a plain `os.write` cannot send on a
-    socket (Windows) or hypercorn's worker no longer builds `TCPServer` the way
-    this was written against."""
-    if hypercorn.protocol.H11Protocol is H11Protocol:
-        hypercorn.protocol.H11Protocol = RecyclingH11Protocol  # type: ignore[misc]
-    if sys.platform == "win32":
-        return False
-    current = getattr(hypercorn_run, "TCPServer", None)
-    if current is ImmediateSendTCPServer:
+    """Let servers started with a `TransportConfig` build their TCP connections with
+    `ImmediateSendTCPServer` and their HTTP/1.1 connections with
+    `RecyclingH11Protocol`, by putting a stand-in that picks by config in each of
+    the two names hypercorn builds them by. Idempotent. Returns False, patching
+    nothing, where the private parts these classes override are not as checked
+    (`internals.problems()`: each is logged as an error); hypercorn's own classes
+    then serve every server."""
+    current = (hypercorn_run.TCPServer, hypercorn.protocol.H11Protocol)
+    if current == (_TCPServerForConfig, _H11ProtocolForConfig):
         return True
-    if current is not TCPServer:
+    found = internals.problems()
+    if found or current != (TCPServer, H11Protocol):
+        for problem in found or ["hypercorn's TCPServer or H11Protocol was replaced by another"]:
+            log.error("hypercorn's own transport in use: %s", problem)
         return False
-    hypercorn_run.TCPServer = ImmediateSendTCPServer  # type: ignore[misc]
+    hypercorn_run.TCPServer = _TCPServerForConfig  # type: ignore[misc,assignment]
+    hypercorn.protocol.H11Protocol = _H11ProtocolForConfig  # type: ignore[misc]
     return True
