@@ -32,9 +32,18 @@ _METADATA = {
     "attention.sliding_window": "sliding_window",
 }
 VOCAB_SIZE = 1024
-_GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+_GGUF_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
 # The layers' linear weights (GGUF names blk.N.<name>.weight), which `linear_type` stores.
-_LINEAR_NAMES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_LINEAR_NAMES = (
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"
+)  # fmt: skip
 
 
 def default_gguf_path() -> Path:
@@ -53,11 +62,22 @@ def _llama_permute(data: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
+def _quantize(data: np.ndarray, kind: Any) -> np.ndarray:
+    import gguf
+
+    if kind == gguf.GGMLQuantizationType.Q6_K:
+        from kquant_blocks import quantize_q6_k
+
+        return quantize_q6_k(data)
+    return gguf.quants.quantize(data, kind)
+
+
 def write_gguf(model: Any, path: Path, linear_type: Any = None) -> None:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
     at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
-    quantizes, such as Q4_1 or Q8_0), the layers' linear weights are stored in
-    that type instead, as a quantized llama.cpp file stores them."""
+    quantizes, such as Q4_1 or Q8_0, or Q6_K, which `kquant_blocks` encodes), the
+    layers' linear weights are stored in that type instead, as a quantized
+    llama.cpp file stores them."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
@@ -99,7 +119,7 @@ def write_gguf(model: Any, path: Path, linear_type: Any = None) -> None:
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             data = _llama_permute(data, heads)
         if linear_type is not None and name.split(".")[-2] in _LINEAR_NAMES:
-            writer.add_tensor(name, gguf.quants.quantize(data, linear_type), raw_dtype=linear_type)
+            writer.add_tensor(name, _quantize(data, linear_type), raw_dtype=linear_type)
         else:
             writer.add_tensor(name, data)
     writer.write_header_to_file()

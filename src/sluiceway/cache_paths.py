@@ -1,5 +1,6 @@
-"""Where sluiceway keeps what it builds once and reuses: converted models
-(`runner/loading.py`) and compiled C kernels (`runner/native/library.py`).
+"""Where sluiceway keeps what it builds once and reuses: a GGUF model's config
+and tokenizer (`runner/checkpoint/gguf_metadata.py`; never its weights) and
+compiled C kernels (`runner/native/library.py`).
 
 Standard library only, so that any layer can ask for the directory without
 importing the one that fills it.

@@ -62,16 +62,21 @@ def load_bundle(
     model: ModelConfig, engine: EngineConfig, *, progress: bool = True, keep_module: bool = False
 ) -> ModelBundle:
     """Load weights and tokenizer and allocate the KV cache on the calling thread.
-    `keep_module` keeps the transformers model (on the CPU) in `loaded.module`, for
-    comparisons; otherwise it is released once the runner has its own weights.
+    The runner reads the checkpoint's tensors one at a time into its own layout;
+    `keep_module` also builds a transformers model (on the CPU) from the same
+    weights in `loaded.module`, for comparisons.
 
     Raises `sluiceway.runner.loading.ModelLoadError` for a missing or unreadable model.
     """
-    from sluiceway.runner.decode_graphs import default_batch_sizes
+    from sluiceway.runner.checkpoint.stored_int4 import servable_from_blocks
+    from sluiceway.runner.checkpoint.type_report import stored_types_report
     from sluiceway.runner.kernels.backend import select_attention_backend
     from sluiceway.runner.loading import ModelLoadError, load_model
-    from sluiceway.runner.model_runner import TorchModelRunner
-    from sluiceway.runner.quantization_choice import choose_quantization, native_quantized_kernels
+    from sluiceway.runner.quantization_choice import (
+        choose_quantization,
+        linear_weight_types,
+        native_quantized_kernels,
+    )
 
     device = _device()
     try:
@@ -85,9 +90,10 @@ def load_bundle(
             device=device,
             gguf_path=loaded.gguf_path,
             native_kernels=native_quantized_kernels(loaded.dtype, device),
+            linear_types=None if loaded.gguf is None else linear_weight_types(loaded.gguf),
         )
-    except Exception as exc:  # an unreadable GGUF index; transformers read the file, though
-        raise ModelLoadError(f"cannot read the tensor types of {loaded.name}: {exc}") from None
+    except ValueError as exc:  # an unknown --quantization
+        raise ModelLoadError(str(exc)) from None
     if model.tensor_parallel_size > 1:
         # The ranks serve the one-process decision where their slices can hold it.
         choice = _sharded_choice(choice, loaded, model, device)
@@ -102,23 +108,62 @@ def load_bundle(
     if model.tensor_parallel_size > 1:
         ranks = _start_ranks(loaded, model, engine, device, choice.quantization)
         return ModelBundle(loaded, ranks, quantization=choice.quantization)
+    from_blocks = (
+        choice.quantization == "int4"
+        and loaded.read_options is not None
+        and servable_from_blocks(loaded.hf_config, loaded.state_dict())
+    )
+    logger.info("%s: %s", loaded.name, stored_types_report(loaded, choice.quantization, from_blocks))
+    runner = _build_runner(loaded, model, engine, device, attention, choice.quantization, from_blocks)
+    if keep_module:
+        from sluiceway.runner.checkpoint.reference import transformers_module
+
+        loaded.module = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=loaded.dtype)
+    loaded.weights_in_place()
+    return ModelBundle(loaded, runner, quantization=choice.quantization)
+
+
+def _build_runner(
+    loaded: LoadedModel,
+    model: ModelConfig,
+    engine: EngineConfig,
+    device: str,
+    attention,
+    quantization: str | None,
+    from_blocks: bool,
+) -> TorchModelRunner:
+    """The runner over `loaded`'s weights, read one at a time. `from_blocks`: the
+    layers are built unquantized from the values the int4 kernels compute with,
+    then take their int4 weights from the GGUF's stored 4-bit blocks
+    (`checkpoint.stored_int4`) rather than quantizing those values again."""
+    from sluiceway.runner.checkpoint.stored_int4 import adopt_int4_blocks
+    from sluiceway.runner.decode_graphs import default_batch_sizes
+    from sluiceway.runner.loading import ModelLoadError
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    if from_blocks:
+        assert loaded.read_options is not None
+        loaded.read_options.int4_scales_in = loaded.dtype
     try:
         runner = TorchModelRunner.from_loaded(
             loaded,
             device=device,
             attention=attention,
-            quantization=choice.quantization,
+            quantization=None if from_blocks else quantization,
             block_size=engine.block_size,
             num_blocks=engine.num_kv_blocks,
             kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
             cuda_graphs=False if model.enforce_eager else None,
             graph_batch_sizes=default_batch_sizes(engine.max_num_seqs),
         )
+        if from_blocks:
+            adopt_int4_blocks(runner.model, loaded.hf_config, loaded.state_dict())
     except ValueError as exc:  # an architecture or shape this runner cannot serve
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
-    if not keep_module:
-        loaded.module = None  # the runner holds its own (fused) weights
-    return ModelBundle(loaded, runner, quantization=choice.quantization)
+    finally:
+        if loaded.read_options is not None:
+            loaded.read_options.int4_scales_in = None
+    return runner
 
 
 def _dtype_name(loaded: LoadedModel) -> str:
@@ -157,7 +202,7 @@ def _start_ranks(
     from sluiceway.runner.tensor_parallel.launch import start_ranks
     from sluiceway.runner.tensor_parallel.sharding import TensorParallelError
 
-    loaded.module = None  # each rank loads its own slice; free this copy first
+    loaded.release_weights()  # each rank loads its own slice
     try:
         return start_ranks(
             model,

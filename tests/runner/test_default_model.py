@@ -41,7 +41,9 @@ def test_default_model_greedy_matches_generate(loaded, greedy_driver_cls, hf_gre
         )
         for chat in CHATS
     ]
-    module = loaded.module
+    from sluiceway.runner.checkpoint.reference import transformers_module
+
+    module = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=torch.float32)
     module.generation_config.eos_token_id = None
     want = [hf_greedy_fn(module, p, MAX_NEW) for p in prompts]
     # Unquantized: exact greedy parity with transformers in float32.

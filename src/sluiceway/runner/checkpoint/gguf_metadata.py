@@ -1,0 +1,100 @@
+"""A GGUF file's config and tokenizer, as transformers builds them from its
+metadata, kept small in the cache.
+
+transformers re-parses the whole header for each of config and tokenizer,
+seconds each for a large vocabulary. The first load saves both (config.json and
+the tokenizer's files, a few MB) under the SHA-256 of the file's header
+(`GGUFFile.header_digest`, which covers the metadata and the tokenizer); later
+loads of the same header read those back. Nothing of the weights is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sluiceway.cache_paths import cache_root
+from sluiceway.runner.checkpoint.errors import CheckpointError
+
+log = logging.getLogger("sluiceway.runner.loading")
+
+_DIRECTORY = "gguf-metadata"
+# What the float32 converted-model cache of earlier versions was called.
+OLD_CONVERTED = "gguf"
+
+
+def metadata_dir(path: Path, header_digest: str) -> Path | None:
+    """The cache entry for a GGUF header (None: caching is off)."""
+    root = cache_root()
+    if root is None:
+        return None
+    return root / _DIRECTORY / f"{path.stem}-{header_digest[:20]}"
+
+
+def remove_old_converted_models() -> None:
+    """Delete the float32 copies of GGUF models that earlier versions cached (each
+    four bytes a parameter): nothing reads them any more."""
+    root = cache_root()
+    old = None if root is None else root / OLD_CONVERTED
+    if old is not None and old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("removed the float32 converted-model cache %s (no longer used)", old)
+
+
+def config_and_tokenizer(path: Path, header_digest: str) -> tuple[Any, Any]:
+    """`(config, tokenizer)` of the GGUF at `path`, from the cache where an entry for
+    this header exists, else from the file (then cached). `CheckpointError` when
+    transformers cannot build one of them, naming which."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    entry = metadata_dir(path, header_digest)
+    if entry is not None and (entry / "config.json").is_file():
+        try:
+            config = AutoConfig.from_pretrained(entry, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(entry, local_files_only=True)
+            return config, tokenizer
+        except Exception as exc:  # a damaged entry: build it again
+            log.warning("cached metadata %s does not load (%s); reading the GGUF", entry, exc)
+            shutil.rmtree(entry, ignore_errors=True)
+    kwargs: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
+    try:
+        config = AutoConfig.from_pretrained(path.parent, **kwargs)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: metadata general.architecture: {_first_line(exc)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path}: metadata tokenizer.ggml.model: cannot build the tokenizer: {_first_line(exc)}"
+        ) from None
+    if entry is not None:
+        _save(entry, config, tokenizer)
+    return config, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _save(entry: Path, config: Any, tokenizer: Any) -> None:
+    """Write the entry atomically (built beside it, then renamed); a failure only
+    costs the cache, and says so in the log."""
+    tmp: Path | None = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if not (entry / "config.json").is_file():
+                raise
+    except Exception as exc:
+        log.warning("could not cache the GGUF's config and tokenizer in %s: %s", entry, exc)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,82 @@
+"""A stored GGUF tensor's values in a torch dtype, a few rows at a time.
+
+Float tensors are converted as stored; Q4_0/Q4_1/Q8_0 are decoded with torch
+(`block_codes`); every other block type with `gguf.quants.dequantize`, in
+chunks of rows, so a tensor is never held in float32 whole beside its result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, int4_blocks, q8_0_values
+from sluiceway.runner.checkpoint.errors import CheckpointError
+from sluiceway.runner.checkpoint.gguf_file import StoredTensor
+
+# Elements dequantized per chunk: 16 MB of float32.
+_CHUNK_ELEMENTS = 1 << 22
+_FLOATS = {
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F64: np.float64,
+}
+
+
+def stored_rows(tensor: StoredTensor) -> int:
+    """Rows of `tensor` seen as a matrix of its last dimension."""
+    return tensor.n_elements // tensor.shape[-1]
+
+
+def read_rows(
+    tensor: StoredTensor,
+    dtype: torch.dtype,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    int4_scales_in: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Rows `start:stop` of `tensor` (as a matrix of its last dimension) in `dtype`,
+    `[rows, cols]`. `int4_scales_in`: Q4_0/Q4_1 values computed from scales and
+    offsets rounded to that dtype first (`Int4Blocks.values`), so that a dense copy
+    equals what the int4 kernels compute with. `CheckpointError` for a type no
+    decoder here knows."""
+    total = stored_rows(tensor)
+    stop = total if stop is None else stop
+    cols = tensor.shape[-1]
+    blocks = tensor.blocks()
+    out = torch.empty((stop - start, cols), dtype=dtype)
+    step = max(1, _CHUNK_ELEMENTS // cols)
+    for first in range(start, stop, step):
+        last = min(stop, first + step)
+        out[first - start : last - start] = _decode(
+            tensor, blocks[first:last], last - first, dtype, int4_scales_in
+        )
+    return out
+
+
+def _decode(
+    tensor: StoredTensor,
+    data: np.ndarray,
+    rows: int,
+    dtype: torch.dtype,
+    int4_scales_in: torch.dtype | None,
+) -> torch.Tensor:
+    kind = tensor.ggml_type
+    if kind in _FLOATS:
+        return torch.from_numpy(np.array(data).view(_FLOATS[kind]).reshape(rows, -1))
+    if kind == GGMLQuantizationType.BF16:
+        return torch.from_numpy(np.array(data).view(np.int16).reshape(rows, -1)).view(torch.bfloat16)
+    if kind in INT4_BLOCK_TYPES:
+        blocks = int4_blocks(kind, data, rows)
+        return blocks.values(int4_scales_in or torch.float32)
+    if kind == GGMLQuantizationType.Q8_0:
+        return q8_0_values(data, rows)
+    try:
+        values = quants.dequantize(data, kind)
+    except NotImplementedError:
+        raise CheckpointError(
+            f"tensor {tensor.name}: type {kind.name} cannot be dequantized here"
+        ) from None
+    return torch.from_numpy(values.reshape(rows, -1))

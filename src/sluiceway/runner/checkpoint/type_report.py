@@ -1,0 +1,56 @@
+"""One start-up log line: what each stored tensor type of a checkpoint is served as."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES
+
+_FLOAT_NAMES = {"F32", "F16", "BF16", "F64"}
+_INT4_BLOCK_NAMES = {t.name for t in INT4_BLOCK_TYPES}
+
+
+def _role(name: str) -> str:
+    if name in ("model.embed_tokens.weight",):
+        return "embedding"
+    if name == "lm_head.weight":
+        return "output head"
+    if "norm" in name or name.endswith(".bias") or name.endswith("mlp.gate.weight"):
+        return "norms, biases, routers"
+    return "layer linears"
+
+
+def stored_types_report(loaded: Any, quantization: str | None, from_blocks: bool) -> str:
+    """e.g. "stored Q4_0 layer linears (196) -> int4 from the stored blocks; Q6_K
+    output head (1) -> int8 (dequantized, requantized per row); F32 norms (65) ->
+    bfloat16". `quantization` is the path the layers take, `from_blocks` whether
+    they keep the stored 4-bit blocks (`stored_int4`)."""
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    groups: dict[tuple[str, str], int] = defaultdict(int)
+    for name, tensor in loaded.state_dict().items():
+        groups[(getattr(tensor, "type_name", "?"), _role(name))] += 1
+    tied = getattr(loaded.hf_config, "tie_word_embeddings", False)
+    parts = []
+    for (kind, role), count in sorted(groups.items()):
+        parts.append(f"{kind} {role} ({count}) -> {_served(kind, role, quantization, from_blocks, dtype, tied)}")
+    return "stored " + "; ".join(parts)
+
+
+def _served(kind: str, role: str, quantization: str | None, from_blocks: bool, dtype: str, tied: bool) -> str:
+    def path(q: str) -> str:
+        if q == "int4" and from_blocks and kind in _INT4_BLOCK_NAMES:
+            return "int4 from the stored blocks"
+        if kind in _FLOAT_NAMES:
+            return f"{q} (quantized from the stored floats)"
+        return f"{q} (dequantized, requantized)"
+
+    if role == "layer linears" and quantization is not None:
+        return path(quantization)
+    head = "int8" if quantization == "int4" else quantization
+    if role == "output head" and head is not None:
+        return path(head)
+    if role == "embedding":
+        tail = f", and the tied output head {path(head)}" if tied and head is not None else ""
+        return f"{dtype} (dequantized){tail}" if kind not in _FLOAT_NAMES else f"{dtype}{tail}"
+    return dtype if kind in _FLOAT_NAMES else f"{dtype} (dequantized)"

@@ -1,0 +1,110 @@
+"""GGUF files of tiny random models, written as llama.cpp lays them out, load
+straight into the runner: the weights are the stored ones (Q4_0 and Q8_0 bit
+for bit, a K-quant as gguf-py dequantizes it), and greedy tokens equal those of
+a float32 transformers model holding the same dequantized weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+from family_models import BASE
+from gguf_files import VOCAB_SIZE, write_gguf
+from sluiceway.runner.checkpoint.reference import transformers_module
+from sluiceway.runner.loading import load_model
+from sluiceway.runner.model_runner import TorchModelRunner
+
+Q = GGMLQuantizationType
+# Families llama.cpp's converter writes, with what tells each apart in a file:
+# Llama's permuted q/k rows, Qwen2's q/k/v biases, Qwen3's q/k norms, Phi-3's
+# fused qkv and gate/up.
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=128)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+}
+NEW_TOKENS = 6
+
+
+def _model(family: str, **extra):
+    config_cls, model_cls, fields = FAMILIES[family]
+    config = getattr(transformers, config_cls)(
+        **{**BASE, "vocab_size": VOCAB_SIZE, **fields, **extra}
+    )
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p)) if "norm" in name else p.normal_(0, 0.3)
+    return model
+
+
+def _stored(path, gguf_name: str) -> np.ndarray:
+    """Tensor `gguf_name` of the file as gguf-py dequantizes it, `[rows, cols]`."""
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == gguf_name)
+    values = quants.dequantize(tensor.data, tensor.tensor_type)
+    return values.reshape(-1, int(tensor.shape[0]))
+
+
+def _unpermute(data: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of `gguf_files._llama_permute`."""
+    rows = data.shape[0]
+    return data.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(data.shape)
+
+
+def _greedy(loaded, prompt, hf_greedy_fn, greedy_driver_cls) -> tuple[list[int], list[int]]:
+    reference = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=torch.float32)
+    want = hf_greedy_fn(reference, prompt, NEW_TOKENS)
+    runner = TorchModelRunner.from_loaded(loaded, quantization=None, block_size=4, num_blocks=32)
+    return greedy_driver_cls(runner).generate([prompt], NEW_TOKENS)[0], want
+
+
+@pytest.mark.parametrize("kind", [None, Q.Q8_0, Q.Q4_0], ids=["F32", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_gguf_serves_its_stored_weights_and_their_greedy_tokens(
+    tmp_path, family, kind, hf_greedy_fn, greedy_driver_cls
+):
+    model = _model(family)
+    path = tmp_path / f"tiny-{family}.gguf"
+    write_gguf(model, path, kind)
+    loaded = load_model(str(path), dtype="float32", progress=False)
+    assert loaded.hf_config.model_type == family
+    weights = loaded.state_dict()
+    if kind is None:  # float32 as stored: the model's own weights
+        for key, tensor in model.state_dict().items():
+            torch.testing.assert_close(weights.tensor(key), tensor, rtol=0, atol=0, msg=key)
+    else:  # the stored blocks' values, bit for bit, in transformers' row order
+        heads = model.config.num_attention_heads
+        o_name, q_name = "model.layers.1.self_attn.o_proj.weight", "model.layers.1.self_attn.q_proj.weight"
+        assert torch.equal(weights.tensor(o_name), torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+        if family != "phi3":
+            q = _stored(path, "blk.1.attn_q.weight")
+            q = _unpermute(q, heads) if family == "llama" else q
+            assert torch.equal(weights.tensor(q_name), torch.from_numpy(q))
+        assert weights["model.layers.0.mlp.down_proj.weight"].type_name == kind.name
+    prompt = loaded.tokenizer("The capital of France is")["input_ids"]
+    got, want = _greedy(loaded, prompt, hf_greedy_fn, greedy_driver_cls)
+    assert got == want
+
+
+def test_a_k_quant_gguf_serves_its_dequantized_blocks(tmp_path, hf_greedy_fn, greedy_driver_cls):
+    """Q6_K (K-quant rows are 256 weights a block: a wider model)."""
+    model = _model("llama", hidden_size=256, intermediate_size=256, head_dim=64)
+    path = tmp_path / "tiny-llama.Q6_K.gguf"
+    write_gguf(model, path, Q.Q6_K)
+    loaded = load_model(str(path), dtype="float32", progress=False)
+    weights = loaded.state_dict()
+    down = weights["model.layers.0.mlp.down_proj.weight"]
+    assert down.type_name == "Q6_K"
+    stored = torch.from_numpy(_stored(path, "blk.0.ffn_down.weight"))
+    assert torch.equal(down[(slice(None),)], stored)
+    original = model.state_dict()["model.layers.0.mlp.down_proj.weight"]
+    # Q6_K's codes step by at most 1/31 of a sub-block's largest |weight|.
+    assert (stored - original).abs().max() <= original.abs().max() / 31
+    prompt = loaded.tokenizer("The capital of France is")["input_ids"]
+    got, want = _greedy(loaded, prompt, hf_greedy_fn, greedy_driver_cls)
+    assert got == want
