@@ -12,6 +12,7 @@ import attrs
 import httpx
 import trio
 
+from polling import eventually  # noqa: F401  (the one polling helper, for older importers)
 from sluiceway.engine.batch import ScheduledChunk
 
 CHAT = "/v1/chat/completions"
@@ -88,15 +89,6 @@ async def stream(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> 
         async for line in response.aiter_lines():
             parse_event(line, result)
     return result
-
-
-async def eventually(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
-    """Wait until `predicate()` holds. For state that changes on the far side of a
-    socket or in the engine's worker thread, where there is no event to await; the
-    limit only turns a hang into a failure."""
-    with trio.fail_after(limit_s):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.005)
 
 
 def chat(content: str, **kw: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any
 import h11
 import trio
 
-from server_helpers import CHAT, chat, engine_empty, eventually
+from polling import eventually
+from server_helpers import CHAT, chat, engine_empty
 
 KEY = "secret"
 LIMIT_S = 10

@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 from load_server import ServerProcess, metrics
 
+from polling import eventually
 from server_helpers import CHAT, chat
 
 GRACE_S = 1.0
@@ -39,8 +40,9 @@ async def test_sigterm_ends_at_the_grace_even_with_a_client_that_never_reads(
     stream = await _stalled_stream(server.url)
     try:
         # Generating: its tokens outrun a client that takes none of them.
-        while metrics(server.url).get("sluiceway_requests_running", 0) < 1:  # noqa: ASYNC110
-            await trio.sleep(0.01)  # across a process boundary: poll
+        await eventually(
+            lambda: metrics(server.url).get("sluiceway_requests_running", 0) >= 1, on_thread=True
+        )
         server.signal()
         try:
             # Grace, then half a second for cut requests, then the process ends; the

@@ -19,7 +19,8 @@ import pytest
 import trio
 from fakes import ScriptedRunner
 
-from server_helpers import CHAT, COMPLETIONS, RawStream, chat, completion, engine_empty, eventually
+from polling import eventually
+from server_helpers import CHAT, COMPLETIONS, RawStream, chat, completion, engine_empty
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.batch import SampledToken, StepBatch
 

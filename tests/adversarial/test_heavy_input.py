@@ -19,7 +19,8 @@ import httpx
 import pytest
 import trio
 
-from server_helpers import CHAT, RawStream, chat, engine_empty, eventually, stream
+from polling import eventually
+from server_helpers import CHAT, RawStream, chat, engine_empty, stream
 from sluiceway.api.pipeline import prompts
 
 MODEL = "test-model"

@@ -14,7 +14,7 @@ import openai
 import pytest
 import trio
 
-from server_helpers import eventually
+from polling import eventually
 from sluiceway.config import EngineConfig
 
 from .conftest import MODEL, in_thread, record_finished_lines

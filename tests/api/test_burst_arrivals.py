@@ -5,7 +5,8 @@ engine, or until it ends."""
 
 from __future__ import annotations
 
-from server_helpers import CHAT, RawStream, chat, eventually
+from polling import eventually
+from server_helpers import CHAT, RawStream, chat
 from sluiceway.api.serve import RunningServer
 
 

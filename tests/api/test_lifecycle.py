@@ -8,7 +8,8 @@ import httpx
 import pytest
 import trio
 
-from server_helpers import RawStream, StreamResult, chat, count_content, eventually, stream
+from polling import eventually
+from server_helpers import RawStream, StreamResult, chat, count_content, stream
 from sluiceway.api.serve import RunningServer
 from sluiceway.config import EngineConfig
 
@@ -177,13 +178,15 @@ async def test_drain_lets_open_streams_finish(start_server: Any, runner: Scripte
 
 
 async def _wait_closed(server: RunningServer) -> None:
-    while True:
+    async def refused() -> bool:
         try:
             async with httpx.AsyncClient(base_url=server.url, timeout=5) as probe:
                 await probe.get("/health")
         except httpx.ConnectError:
-            return
-        await trio.sleep(0.01)
+            return True
+        return False
+
+    await eventually(refused, interval=0.01)
 
 
 async def test_drain_grace_cuts_streams_cleanly(start_server: Any, runner: ScriptedRunner) -> None:

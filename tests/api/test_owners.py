@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 
-from server_helpers import eventually
+from polling import eventually
 from sluiceway import protocol
 from sluiceway.api.batches.store import BatchStore
 from sluiceway.api.keys.rate_limits import load_key_budgets

@@ -13,13 +13,13 @@ import pytest
 import trio
 import trio.testing
 
+from polling import eventually
 from server_helpers import (
     RawStream,
     StreamResult,
     chat,
     completion,
     count_content,
-    eventually,
     parse_event,
 )
 from sluiceway.api.observability.metrics import Metrics

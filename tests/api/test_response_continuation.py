@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from server_helpers import eventually
+from polling import eventually
 from sluiceway import protocol
 from sluiceway.api.responses.store import StoredResponse
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 import trio
 
-from server_helpers import eventually
+from polling import eventually
 from sluiceway import protocol
 from sluiceway.api.responses.input_items import chat_messages
 from sluiceway.api.responses.output import ResponseOutput

@@ -15,7 +15,8 @@ import pytest
 import trio
 
 from grammar_runner import MaskFollowingRunner
-from server_helpers import RawStream, chat, completion, eventually, stream
+from polling import eventually
+from server_helpers import RawStream, chat, completion, stream
 from sluiceway.api.serve import RunningServer
 
 C, X = "/v1/chat/completions", "/v1/completions"

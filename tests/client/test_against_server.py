@@ -11,7 +11,8 @@ import attrs
 import pytest
 import trio
 
-from server_helpers import StepGate, eventually, scripted_token
+from polling import eventually
+from server_helpers import StepGate, scripted_token
 from sluiceway.api.serve import RunningServer
 from sluiceway.client import (
     AsyncClient,

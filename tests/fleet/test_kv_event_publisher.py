@@ -5,7 +5,7 @@ Sockets are on loopback with ports picked by the OS."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -13,19 +13,12 @@ import pytest
 import zmq
 
 from kv_event_helpers import replay
+from polling import eventually_blocking
 from sluiceway.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from sluiceway.fleet.kv_event_publisher import KVEventPublisher
 from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 STORED = BlockStored((7,), None, (1, 2, 3, 4), 4)
-
-
-def _until(predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
-    """Poll a condition that changes on another thread; the limit turns a hang into a failure."""
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 def _config(**kw: Any) -> KVEventsConfig:
@@ -97,9 +90,9 @@ def test_a_subscriber_receives_vllm_batches(publisher: KVEventPublisher) -> None
 
 def test_replay_resends_buffered_batches_in_order(publisher: KVEventPublisher) -> None:
     publisher.record(STORED)
-    _until(lambda: publisher.sent_batches == 1)
+    eventually_blocking(lambda: publisher.sent_batches == 1)
     publisher.record(BlockRemoved((7,)))
-    _until(lambda: publisher.sent_batches == 2)
+    eventually_blocking(lambda: publisher.sent_batches == 2)
     assert publisher.replay_endpoint is not None
     batches = replay(publisher.replay_endpoint)
     assert [seq for seq, _ in batches] == [0, 1]
@@ -114,7 +107,7 @@ def test_a_full_queue_drops_counts_and_then_clears_subscribers() -> None:
     assert p.dropped == 3
     p.start()
     try:
-        _until(lambda: p.sent_batches == 1)
+        eventually_blocking(lambda: p.sent_batches == 1)
         assert p.replay_endpoint is not None
         ((_, (_, events, _)),) = replay(p.replay_endpoint)
         assert [e["type"] for e in events] == ["BlockStored", "BlockStored", "AllBlocksCleared"]
@@ -131,7 +124,7 @@ def test_a_subscriber_that_never_reads_costs_nothing(publisher: KVEventPublisher
     try:
         for i in range(20_000):
             publisher.record(BlockRemoved((i,)))
-        _until(lambda: publisher._queue.empty())
+        eventually_blocking(lambda: publisher._queue.empty())
         assert publisher.dropped == 0
     finally:
         sub.close(linger=0)

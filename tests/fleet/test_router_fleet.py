@@ -20,6 +20,8 @@ import trio
 from load_server import ServerProcess
 from router_process import LOOPBACK_KV_EVENTS, RouterProcess, router_binary
 
+from polling import eventually
+
 pytestmark = pytest.mark.skipif(router_binary() is None, reason="vllm-router is not installed")
 
 MODEL = "test-model"
@@ -54,14 +56,6 @@ def _metric(url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-async def _poll(predicate: Any, limit_s: float = 15.0) -> None:
-    """Wait until `predicate()` (blocking, run on a thread) holds; for state on the far
-    side of a process boundary. The limit only turns a hang into a failure."""
-    with trio.fail_after(limit_s):
-        while not await trio.to_thread.run_sync(predicate):  # noqa: ASYNC110
-            await trio.sleep(0.02)
 
 
 async def _stream(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
@@ -179,7 +173,12 @@ async def test_a_replica_killed_mid_load(replicas: list[ServerProcess], tmp_path
                 async with trio.open_nursery() as nursery:
                     for i in range(8):
                         nursery.start_soon(one_stream, i)
-                    await _poll(lambda: all(_metric(r.url, running) > 0 for r in replicas))
+                    await eventually(
+                        lambda: all(_metric(r.url, running) > 0 for r in replicas),
+                        15.0,
+                        interval=0.02,
+                        on_thread=True,
+                    )
                     victim.signal(signal.SIGKILL)
                     victim.wait(10)
                     # Requests that start now and are sent to the dead replica are retried
@@ -193,7 +192,9 @@ async def test_a_replica_killed_mid_load(replicas: list[ServerProcess], tmp_path
             assert outcomes.count("ok") < 8, outcomes  # the victim's end early, without hanging
 
             # The router marks it unhealthy and stops sending to it: no more retries.
-            await _poll(lambda: router.healthy_workers() == 1)
+            await eventually(
+                lambda: router.healthy_workers() == 1, 15.0, interval=0.02, on_thread=True
+            )
             served = _metric(
                 survivor.url, f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}}'
             )

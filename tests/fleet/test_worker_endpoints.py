@@ -13,7 +13,8 @@ import trio
 from fakes import ScriptedRunner
 
 from kv_event_helpers import replayed_events
-from server_helpers import chat, completion, eventually
+from polling import eventually
+from server_helpers import chat, completion
 from sluiceway.api.fleet.routes import reachable
 from sluiceway.fleet.kv_events_config import KVEventsConfig
 
@@ -128,14 +129,11 @@ async def test_a_server_publishes_its_cached_blocks(start_server: Any) -> None:
         async def read_until(done: Callable[[], bool]) -> None:
             # The publisher's thread sends on its own schedule: poll its replay
             # buffer, bounded, as `eventually` polls the engine.
-            with trio.fail_after(10):
-                while True:
-                    events[:] = await trio.to_thread.run_sync(
-                        replayed_events, source["replay_endpoint"]
-                    )
-                    if done():
-                        return
-                    await trio.sleep(0.01)
+            def replayed_enough() -> bool:
+                events[:] = replayed_events(source["replay_endpoint"])
+                return done()
+
+            await eventually(replayed_enough, interval=0.01, on_thread=True)
 
         await read_until(lambda: len(stored()) >= full_blocks)
         blocks = stored()[:full_blocks]

@@ -13,6 +13,7 @@ import httpx
 import trio
 from reliability_fakes import FaultRunner
 
+from polling import eventually
 from server_helpers import (
     CHAT,
     COMPLETIONS,
@@ -22,7 +23,6 @@ from server_helpers import (
     completion,
     count_content,
     engine_empty,
-    eventually,
     finished,
     finished_total,
     stream,

@@ -11,8 +11,15 @@ import httpx
 import trio
 from load_server import ServerProcess
 
+from polling import eventually
 from server_helpers import CHAT, StreamResult, chat, parse_event
 
+
+def _answers_503(client: httpx.AsyncClient):
+    async def draining() -> bool:
+        return (await client.get("/health")).status_code == 503
+
+    return draining
 
 async def _stream(
     client: httpx.AsyncClient, body: dict[str, Any], started: trio.Event, out: list[StreamResult]
@@ -52,8 +59,7 @@ async def test_sigterm_drains_under_load(tokenizer_dir: Path, tmp_path: Path) ->
                     for ev in events:
                         await ev.wait()
                     server.signal()  # SIGTERM with every stream mid-flight
-                    while (await client.get("/health")).status_code != 503:  # noqa: ASYNC110
-                        await trio.sleep(0.01)  # across a process boundary
+                    await eventually(_answers_503(client))
                     health = (await client.get("/health")).json()
                     late = await client.post(CHAT, json=chat("late", max_tokens=3))
                 code = await trio.to_thread.run_sync(server.wait, 20)

@@ -17,7 +17,7 @@ import pytest
 import trio
 from tp_helpers import alive, descendants
 
-from server_helpers import eventually
+from polling import eventually
 
 _URL = re.compile(r"serving .* at (http://[\d.]+:\d+)")
 

@@ -15,7 +15,8 @@ import torch
 import trio
 from tp_helpers import alive, start_ranks, tiny_llama
 
-from server_helpers import COMPLETIONS, StreamResult, completion, eventually, parse_event
+from polling import eventually
+from server_helpers import COMPLETIONS, StreamResult, completion, parse_event
 from sluiceway.config import EngineConfig
 from sluiceway.runner.tensor_parallel import TensorParallelRunner
 
