@@ -19,7 +19,7 @@ from grammar_runner import MaskFollowingRunner
 from sluiceway.api import RunningServer
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
 
-STEP_S = 0.002
+STEP_S = 0.005
 
 
 @attrs.define
