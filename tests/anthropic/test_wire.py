@@ -95,8 +95,11 @@ BODY = {
         {
             "role": "user",
             "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1",
-                 "content": [{"type": "text", "text": "4"}]},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "4"}],
+                },
             ],
         },
     ],

@@ -110,7 +110,9 @@ def test_free_thinking_then_an_answer_that_matches_the_schema(
     script = tokenizer.encode("<think>" + THINKING, add_special_tokens=False)
     core = make_core(tokenizer, {len(prompt): script})
     grammar = ThinkingGrammar(tokens, "fresh", compiler.compile(spec.json_schema(ANSWER)))
-    [seq] = core.add_request(0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar))
+    [seq] = core.add_request(
+        0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar)
+    )
     text, finish, error = run(core)[seq]
     assert (finish, error) == ("stop", None), text
     reasoning, content = split_text(FORMATS["qwen3"], "fresh", text)
@@ -126,7 +128,9 @@ def test_without_the_thinking_wrapper_the_same_script_is_held_to_json(
     script = tokenizer.encode("<think>" + THINKING, add_special_tokens=False)
     core = make_core(tokenizer, {len(prompt): script})
     grammar = compiler.compile(spec.json_schema(ANSWER))
-    [seq] = core.add_request(0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar))
+    [seq] = core.add_request(
+        0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar)
+    )
     text, finish, _ = run(core)[seq]
     assert "<think>" not in text and finish == "stop"
     jsonschema.validate(json.loads(text), ANSWER)
@@ -139,7 +143,9 @@ def test_a_spent_budget_forces_the_closing_tag_then_the_grammar(
     endless = tokenizer.encode("<think>" + " and then" * 50, add_special_tokens=False)
     core = make_core(tokenizer, {len(prompt): endless})
     grammar = ThinkingGrammar(tokens, "fresh", compiler.compile(spec.json_schema(ANSWER)), budget=6)
-    [seq] = core.add_request(0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar))
+    [seq] = core.add_request(
+        0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar)
+    )
     text, finish, error = run(core)[seq]
     assert (finish, error) == ("stop", None), text
     thinking = tokenizer.encode(" and then" * 50, add_special_tokens=False)[:6]
@@ -155,7 +161,9 @@ def test_a_prompt_that_opened_the_block_is_not_forced_to_open_it_again(
     prompt = prompt_of(tokenizer, "Assistant: <think>\n")
     core = make_core(tokenizer, {len(prompt): tokenizer.encode(THINKING, add_special_tokens=False)})
     grammar = ThinkingGrammar(r1, "open", compiler.compile(spec.regex(r"[0-9]{3}")))
-    [seq] = core.add_request(0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar))
+    [seq] = core.add_request(
+        0, prompt, SamplingParams(max_tokens=200, temperature=0.0, grammar=grammar)
+    )
     text, finish, _ = run(core)[seq]
     assert finish == "stop"
     reasoning, content = split_text(FORMATS["deepseek_r1"], "open", text)
@@ -174,9 +182,16 @@ def test_thinking_and_constrained_rows_share_steps(
     script = tokenizer.encode("<think>" + THINKING, add_special_tokens=False)
     core = make_core(tokenizer, {len(prompt_a): script, len(prompt_b): script})
     regex = compiler.compile(spec.regex(r"[a-z]{4}"))
-    [a] = core.add_request(0, prompt_a, SamplingParams(
-        max_tokens=200, temperature=0.0, grammar=ThinkingGrammar(tokens, "fresh", regex)))
-    [b] = core.add_request(1, prompt_b, SamplingParams(max_tokens=200, temperature=0.0, grammar=regex))
+    [a] = core.add_request(
+        0,
+        prompt_a,
+        SamplingParams(
+            max_tokens=200, temperature=0.0, grammar=ThinkingGrammar(tokens, "fresh", regex)
+        ),
+    )
+    [b] = core.add_request(
+        1, prompt_b, SamplingParams(max_tokens=200, temperature=0.0, grammar=regex)
+    )
     outputs = run(core)
     text_a, finish_a, _ = outputs[a]
     text_b, finish_b, _ = outputs[b]

@@ -23,7 +23,9 @@ QWEN3 = FORMATS["qwen3"]
 R1 = FORMATS["deepseek_r1"]
 
 
-def stream(fmt: ReasoningFormat, state: str, deltas: list[str]) -> tuple[str, str, ReasoningSplitter]:
+def stream(
+    fmt: ReasoningFormat, state: str, deltas: list[str]
+) -> tuple[str, str, ReasoningSplitter]:
     splitter = ReasoningSplitter.for_prompt(fmt, state)  # type: ignore[arg-type]
     parts = [splitter.feed(d) for d in deltas] + [splitter.finish()]
     return "".join(p.reasoning for p in parts), "".join(p.content for p in parts), splitter
@@ -110,7 +112,9 @@ texts = st.text(alphabet="<>/thinkab \n", max_size=40)
 @given(
     fmt=st.sampled_from([QWEN3, R1, reasoning_format("think:<r>,</r>")]),
     state=st.sampled_from(["open", "closed", "fresh"]),
-    body=st.one_of(texts, st.builds(lambda a, b, c: f"{a}<think>{b}</think>{c}", texts, texts, texts)),
+    body=st.one_of(
+        texts, st.builds(lambda a, b, c: f"{a}<think>{b}</think>{c}", texts, texts, texts)
+    ),
     cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=8),
 )
 def test_any_cut_of_the_text_splits_as_the_whole(
@@ -142,3 +146,18 @@ def test_passes_through_once_the_answer_flows() -> None:
     splitter.feed("\n\nA")
     assert splitter.passes_through
     assert ReasoningSplitter.for_prompt(QWEN3, "closed").passes_through
+
+
+def test_the_servers_choice_and_its_reason() -> None:
+    from sluiceway.reasoning import chosen_format
+
+    assert chosen_format("none", "qwen3", "<think></think>") == (
+        None,
+        "off (--reasoning-parser none)",
+    )
+    assert chosen_format("deepseek_r1", None, None)[0] is R1
+    assert chosen_format("auto", "smollm3", None) == (QWEN3, "the smollm3 family's")
+    assert chosen_format("auto", None, "<think>x</think>")[0] is FORMATS["think"]
+    assert chosen_format("auto", "llama", "{{ messages }}")[0] is None
+    with pytest.raises(UnknownReasoningParser):
+        chosen_format("qwen4", None, None)

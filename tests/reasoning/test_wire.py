@@ -30,8 +30,14 @@ def test_usage_reports_reasoning_tokens_as_openai_does() -> None:
     wire = usage.to_dict()
     assert wire["completion_tokens_details"] == {"reasoning_tokens": 6}
     completion = oa.ChatCompletion.model_validate(
-        {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [],
-         "usage": wire}
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [],
+            "usage": wire,
+        }
     )
     assert completion.usage is not None and completion.usage.completion_tokens_details
     assert completion.usage.completion_tokens_details.reasoning_tokens == 6
@@ -61,8 +67,11 @@ def test_requests_take_template_kwargs_as_an_object_and_an_effort_by_name() -> N
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert({**body, **bad}, p.ChatCompletionRequest)
     response = msgspec.convert(
-        {"input": "hi", "reasoning": {"effort": "high", "summary": "auto"},
-         "chat_template_kwargs": {"enable_thinking": True}},
+        {
+            "input": "hi",
+            "reasoning": {"effort": "high", "summary": "auto"},
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
         p.ResponseCreateRequest,
     )
     assert response.reasoning == p.ReasoningOptions(effort="high", summary="auto")

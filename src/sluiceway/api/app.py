@@ -11,10 +11,12 @@ import logging
 import time
 from typing import Any
 
-from quart import Response, g, request
+from quart import Response, g, has_request_context, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from sluiceway.api.anthropic.errors import ANTHROPIC_PREFIX, anthropic_error_body
+from sluiceway.api.anthropic.routes import blueprint as anthropic_blueprint
 from sluiceway.api.batches.routes import blueprint as batches_blueprint
 from sluiceway.api.batches.runner import BatchRunner
 from sluiceway.api.batches.store import BatchStore
@@ -37,6 +39,7 @@ from sluiceway.api.service.routes import blueprint as misc_blueprint
 from sluiceway.api.state import ServerState
 from sluiceway.config import AccessLogStyle, ServerConfig
 from sluiceway.engine.engine import Engine
+from sluiceway.reasoning import ReasoningFormat, chosen_format
 from sluiceway.transport import access_log
 from sluiceway.transport.connection import SluicewayHTTPConnection
 
@@ -100,7 +103,10 @@ def _is_plain_health_check(scope: Any) -> bool:
 
 
 def _error_response(error: errors.APIError) -> Response:
-    response = json_response(error.body(), error.status)
+    body = error.body()
+    if has_request_context() and request.path.startswith(ANTHROPIC_PREFIX):
+        body = anthropic_error_body(error)  # what Anthropic's SDK reads
+    response = json_response(body, error.status)
     for name, value in error.headers:
         response.headers[name] = value
     return response
@@ -119,6 +125,14 @@ def _http_error(exc: HTTPException) -> Response:
     return response
 
 
+def _authorization() -> str | None:
+    """The `Authorization` header, or Anthropic's `x-api-key` as a bearer key."""
+    header = request.headers.get("Authorization")
+    if header is None and (api_key := request.headers.get("x-api-key")) is not None:
+        header = f"Bearer {api_key}"
+    return header
+
+
 def _key_ok(header: str | None, keys: tuple[str, ...]) -> bool:
     scheme, _, token = (header or "").partition(" ")
     presented = token.strip().encode()
@@ -135,7 +149,7 @@ def _install_hooks(app: SluicewayApp, config: ServerConfig, state: ServerState) 
     async def authenticate() -> Response | None:
         if not keys or request.method == "OPTIONS" or request.path in OPEN_PATHS:
             return None
-        header = request.headers.get("Authorization")
+        header = _authorization()
         if not _key_ok(header, keys):
             return _error_response(errors.unauthorized())
         key = (header or "").partition(" ")[2].strip()
@@ -159,7 +173,9 @@ def _install_hooks(app: SluicewayApp, config: ServerConfig, state: ServerState) 
         if origin and ("*" in allowed or origin in allowed):
             response.headers["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            response.headers["Access-Control-Allow-Headers"] = (
+                "Authorization, Content-Type, x-api-key, anthropic-version"
+            )
             response.headers["Access-Control-Max-Age"] = "600"
             if "*" not in allowed:
                 response.headers["Vary"] = "Origin"
@@ -192,8 +208,10 @@ def create_app(
     server_config: ServerConfig,
     model_name: str,
     model_vocab_size: int | None = None,
+    model_type: str | None = None,
 ) -> SluicewayApp:
-    """An app serving `engine` under `model_name`. The engine loop is not started here."""
+    """An app serving `engine` under `model_name` (a model of the transformers
+    `model_type`, when known). The engine loop is not started here."""
     app = SluicewayApp(__name__)
     app.access_log_style = server_config.access_log
     app.config.update(
@@ -216,6 +234,7 @@ def create_app(
         model_vocab_size=model_vocab_size,
     )
     state.rate_limits = RateLimits(server_config.api_key_budgets)
+    state.reasoning = _reasoning_format(server_config, engine.tokenizer, model_type)
     if server_config.response_store is not None:
         state.response_store = SqliteResponseStore(server_config.response_store)
     batch_runner = BatchRunner(
@@ -237,8 +256,25 @@ def create_app(
     app.register_blueprint(batches_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
+    app.register_blueprint(anthropic_blueprint)
     _install_hooks(app, server_config, state)
     return app
+
+
+def _reasoning_format(
+    config: ServerConfig, tokenizer: Any, model_type: str | None
+) -> ReasoningFormat | None:
+    """The reasoning parser `config` asks for ("auto": the model family's, else by
+    the chat template), said in the log."""
+    template = config.chat_template or getattr(tokenizer, "chat_template", None)
+    fmt, why = chosen_format(
+        config.reasoning_parser, model_type, template if isinstance(template, str) else None
+    )
+    if fmt is None:
+        log.info("reasoning parser: %s", why)
+    else:
+        log.info("reasoning parser %s (%s)", fmt.name, why)
+    return fmt
 
 
 def app_state(app: Any) -> ServerState:

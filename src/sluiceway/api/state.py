@@ -22,6 +22,8 @@ from sluiceway.config import ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.fleet.kv_events_config import KVEventSource
 from sluiceway.grammar.compiler import GrammarCompiler
+from sluiceway.grammar.thinking import ThinkingTokens
+from sluiceway.reasoning import ReasoningFormat
 
 
 @attrs.define(eq=False)
@@ -107,6 +109,10 @@ class ServerState:
     # Called once when a drain begins, after new work is refused: background work
     # that must stop at once (the Batch API's lines in flight) registers here.
     drain_hooks: list[Callable[[], None]] = attrs.field(factory=list)
+    # How the served model marks its thinking (`--reasoning-parser`; None: thinking
+    # is not parsed and stays in the content).
+    reasoning: ReasoningFormat | None = None
+    _thinking_tokens: ThinkingTokens | None = None
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -115,6 +121,18 @@ class ServerState:
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.engine.eos_token_ids)
         return self._grammar_compiler
+
+    def thinking_tokens(self) -> ThinkingTokens:
+        """The reasoning format's tags as the grammar forces them. Blocking the first
+        time (it reads the grammar compiler's vocabulary): call it off the event
+        loop. Only with a reasoning format."""
+        assert self.reasoning is not None
+        if self._thinking_tokens is None:
+            vocab_size = self.grammar_compiler.vocabulary().vocab_size
+            self._thinking_tokens = ThinkingTokens.from_tokenizer(
+                self.tokenizer, self.reasoning, vocab_size
+            )
+        return self._thinking_tokens
 
     @property
     def tokenizer(self) -> Any:

@@ -52,7 +52,9 @@ class ThinkingTokens:
     piece: Callable[[int], str]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any, fmt: ReasoningFormat, vocab_size: int) -> ThinkingTokens:
+    def from_tokenizer(
+        cls, tokenizer: Any, fmt: ReasoningFormat, vocab_size: int
+    ) -> ThinkingTokens:
         """The tags as `tokenizer` (a transformers tokenizer) encodes them."""
 
         def encode(text: str) -> tuple[int, ...]:

@@ -368,5 +368,7 @@ class ErrorResponse(Wire):
     def for_status(cls, status: int, message: str) -> ErrorResponse:
         """The error a response of HTTP `status` carries (`api_error` for a status
         Anthropic names no type for)."""
-        kind = ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+        kind = ERROR_TYPES.get(
+            status, "invalid_request_error" if 400 <= status < 500 else "api_error"
+        )
         return cls(ErrorDetail(kind, message))

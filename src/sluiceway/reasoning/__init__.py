@@ -13,6 +13,7 @@ from sluiceway.reasoning.registry import (
     FORMATS,
     UnknownReasoningParser,
     auto_format,
+    chosen_format,
     reasoning_format,
 )
 from sluiceway.reasoning.splitter import Phase, ReasoningSplitter, Split, split_text
@@ -28,6 +29,7 @@ __all__ = [
     "Split",
     "UnknownReasoningParser",
     "auto_format",
+    "chosen_format",
     "reasoning_format",
     "split_text",
     "thinking_budget",

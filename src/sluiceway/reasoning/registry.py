@@ -61,3 +61,20 @@ def auto_format(model_type: str | None, chat_template: str | None) -> ReasoningF
     if chat_template and "<think>" in chat_template and "</think>" in chat_template:
         return FORMATS["deepseek_r1"] if "<｜Assistant｜>" in chat_template else FORMATS["think"]
     return None
+
+
+def chosen_format(
+    setting: str, model_type: str | None, chat_template: str | None
+) -> tuple[ReasoningFormat | None, str]:
+    """The format a server uses for `--reasoning-parser setting` ("auto", "none"
+    or a name), and why, for its log. Raises `UnknownReasoningParser`."""
+    if setting == "none":
+        return None, "off (--reasoning-parser none)"
+    if setting != "auto":
+        return reasoning_format(setting), "named by --reasoning-parser"
+    fmt = auto_format(model_type, chat_template)
+    if fmt is None:
+        return None, "off: neither the model family nor its chat template marks thinking"
+    if (model_type or "") in FAMILY_PARSERS:
+        return fmt, f"the {model_type} family's"
+    return fmt, "its chat template writes <think>"

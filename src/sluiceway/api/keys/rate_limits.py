@@ -217,6 +217,7 @@ BUDGETED_PATHS = frozenset(
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
+        "/v1/messages",
         "/v1/embeddings",
         "/v1/files",
         "/v1/batches",

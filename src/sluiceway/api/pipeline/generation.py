@@ -48,11 +48,14 @@ from sluiceway.api.pipeline.validation import (
     ChatRequest,
     CommonRequest,
     CompletionRequest,
+    ReasoningSetup,
     chat_request,
     completion_request,
 )
 from sluiceway.api.state import ServerState, current_state
+from sluiceway.engine.constraint import Grammar
 from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.grammar.thinking import ThinkingGrammar
 from sluiceway.transport import access_log
 from sluiceway.transport.chunk_socket import ChunkSocket
 from sluiceway.transport.connection import connection_nursery, connection_send
@@ -64,8 +67,17 @@ R = TypeVar("R", bound=CommonRequest)
 def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, list[Prompt]]:
     """A chat body validated, its conversations rendered and tokenized (run by
     `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
+    return chat_wire_prompts(state, prompts.parse_body(data, protocol.ChatCompletionRequest))
+
+
+def chat_wire_prompts(
+    state: ServerState, wire: protocol.ChatCompletionRequest
+) -> tuple[ChatRequest, list[Prompt]]:
+    """A decoded chat request validated, its conversations rendered with the
+    server's template and kwargs and tokenized, and, for a reasoning model, where
+    each prompt leaves the thinking. Raises `APIError`."""
     req = chat_request(
-        prompts.parse_body(data, protocol.ChatCompletionRequest),
+        wire,
         state.vocab_size,
         max_choices=state.server_config.max_choices_per_request,
         max_messages=state.engine.max_model_len,
@@ -73,7 +85,15 @@ def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, li
     state.check_model(req.model)
     tok = state.tokenizer
     tools = req.tool_use.tools if req.tool_use is not None else ()
-    return req, prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools)
+    config = state.server_config
+    template = prompts.ChatTemplate(
+        config.chat_template, {**config.default_chat_template_kwargs, **req.template_kwargs}
+    )
+    ready = prompts.chat_prompts(tok, req.conversations, req.add_generation_prompt, tools, template)
+    if state.reasoning is not None:
+        states = tuple(state.reasoning.prompt_state(p.text) for p in ready)
+        req = attrs.evolve(req, reasoning=ReasoningSetup(state.reasoning, states))
+    return req, ready
 
 
 def completion_prompts(
@@ -193,12 +213,24 @@ async def _answer(
 
 
 async def with_grammar(state: ServerState, req: R) -> R:
-    """`req` with its grammar compiled into its sampling params (see `structured`)."""
-    if req.grammar is None:
+    """`req` with its grammar compiled into its sampling params (see `structured`);
+    for a reasoning model, the grammar starts after the thinking, which a budget
+    may cut short (see `grammar.thinking`)."""
+    setup = req.reasoning if isinstance(req, ChatRequest) else None
+    budget = req.reasoning_budget if isinstance(req, ChatRequest) else None
+    if req.grammar is None and (setup is None or budget is None):
         return req
-    param = req.grammar_param or "response_format"
-    compiled = await structured.compile_grammar(state.grammar_compiler, req.grammar, param)
-    return attrs.evolve(req, params=attrs.evolve(req.params, grammar=compiled))
+    compiled = None
+    if req.grammar is not None:
+        param = req.grammar_param or "response_format"
+        compiled = await structured.compile_grammar(state.grammar_compiler, req.grammar, param)
+    grammar: Grammar | None = compiled
+    if setup is not None:
+        # One grammar serves every prompt of the request: they share a template
+        # and its kwargs, so they leave the thinking alike (the first one's).
+        tokens = await trio.to_thread.run_sync(state.thinking_tokens)
+        grammar = ThinkingGrammar(tokens, setup.states[0], compiled, budget)
+    return attrs.evolve(req, params=attrs.evolve(req.params, grammar=grammar))
 
 
 async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:
@@ -232,6 +264,7 @@ async def _complete(
     async def collect(choice: ChoiceState, delta: ChoiceDelta | None) -> None:
         if delta is not None:
             choice.text_parts.append(delta.text)
+            choice.part_tokens.append(len(delta.token_ids))
             choice.logprobs.extend(delta.logprobs)
 
     try:
@@ -380,7 +413,7 @@ class _Stream:
                 model=run.state.model_name,
                 choices=[],
                 created=self.created,
-                usage=fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens),
+                usage=self.shape.usage(run),
             )
             self._emit(chunk.to_dict())
         assert self.output is not None

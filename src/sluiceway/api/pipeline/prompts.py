@@ -10,7 +10,7 @@ thresholds: `docs/benchmarks.md`, "Measurements behind choices in the code").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -142,9 +142,12 @@ def _render_chat(
     messages: Sequence[dict[str, Any]],
     add_generation_prompt: bool,
     tools: Sequence[dict[str, Any]] = (),
+    template: ChatTemplate | None = None,
 ) -> str:
-    options: dict[str, Any] = {}
-    if template_knows_tools(tokenizer):
+    options: dict[str, Any] = dict(template.kwargs) if template is not None else {}
+    if template is not None and template.text is not None:
+        options["chat_template"] = template.text
+    if template_knows_tools(tokenizer, options.get("chat_template")):
         if tools:
             options["tools"] = list(tools)
     else:
@@ -162,19 +165,32 @@ def _render_chat(
     return text
 
 
+@attrs.frozen
+class ChatTemplate:
+    """How conversations are rendered: `text`, a template used instead of the
+    model's (`--chat-template`; None: the model's), given `kwargs` beside the
+    messages (`chat_template_kwargs` over `--default-chat-template-kwargs`)."""
+
+    text: str | None = None
+    kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+
 def chat_prompts(
     tokenizer: Any,
     conversations: Sequence[Sequence[dict[str, Any]]],
     add_generation_prompt: bool,
     tools: Sequence[dict[str, Any]] = (),
+    template: ChatTemplate | None = None,
 ) -> list[Prompt]:
-    """Render each conversation with the model's chat template (with `tools`, see
-    `tool_prompt`) and tokenize it. Stops at a cancellation before each render and
-    each tokenization (see `prepare`); a template that rejects the messages is a 400."""
+    """Render each conversation with the model's chat template, or `template`'s
+    (with `tools`, see `tool_prompt`), and tokenize it. Stops at a cancellation
+    before each render and each tokenization (see `prepare`); a template that
+    rejects the messages is a 400."""
     out = []
     for conv in conversations:
         check_cancelled()
-        text = _render_chat(tokenizer, conv, add_generation_prompt, tools)
+        text = _render_chat(tokenizer, conv, add_generation_prompt, tools, template)
         check_cancelled()
         # The template already wrote any BOS/special tokens it wants.
         out.append(Prompt(_encode(tokenizer, text, False), text))

@@ -39,6 +39,7 @@ class ChoiceState:
     index: int
     prompt: Prompt
     text_parts: list[str] = attrs.field(factory=list)
+    part_tokens: list[int] = attrs.field(factory=list)  # tokens of each text part
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
     num_output_tokens: int = 0
     num_cached_tokens: int = 0

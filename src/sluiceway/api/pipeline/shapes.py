@@ -12,16 +12,61 @@ from sluiceway.api.pipeline import tool_calls
 from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
 from sluiceway.api.pipeline.validation import ChatRequest, CompletionRequest
 from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.reasoning import ReasoningSplitter
 
 _EMPTY_DELTA = protocol.DeltaMessage()
 
 
 @attrs.frozen
 class ChatShape:
+    """Chat chunks and responses. For a reasoning model (`request.reasoning`), each
+    choice's text is split into `reasoning_content` and content by a splitter of
+    its own, before any tool-call parsing of the content."""
+
     request: ChatRequest
     token_text: fmt.TokenText
     id_prefix: str = "chatcmpl-"
     chunk_type: type[protocol.ChatCompletionChunk] = protocol.ChatCompletionChunk
+    # Each choice's reasoning splitter, by choice index (owned by its consumer).
+    _splitters: dict[int, ReasoningSplitter] = attrs.field(factory=dict, init=False)
+
+    def _splitter(self, choice: ChoiceState, fresh: bool = False) -> ReasoningSplitter | None:
+        setup = self.request.reasoning
+        if setup is None:
+            return None
+        splitter = None if fresh else self._splitters.get(choice.index)
+        if splitter is None:
+            prompt_state = setup.states[choice.index // self.request.n]
+            splitter = ReasoningSplitter.for_prompt(setup.format, prompt_state)
+            self._splitters[choice.index] = splitter
+        return splitter
+
+    def _split(self, choice: ChoiceState, delta: ChoiceDelta) -> tuple[str, str]:
+        """The delta's (content, thinking)."""
+        splitter = self._splitter(choice)
+        if splitter is None:
+            return delta.text, ""
+        split = splitter.feed(delta.text, len(delta.token_ids))
+        content, reasoning = split.content, split.reasoning
+        if delta.finish_reason is not None:
+            last = splitter.finish()
+            content, reasoning = content + last.content, reasoning + last.reasoning
+        return content, reasoning
+
+    def usage(self, run: RequestRun) -> protocol.Usage:
+        """The run's token counts; for a reasoning model, with its thinking's."""
+        usage = fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+        thinking = self.reasoning_tokens()
+        if thinking is None:
+            return usage
+        details = protocol.CompletionTokensDetails(thinking)
+        return attrs.evolve(usage, completion_tokens_details=details)
+
+    def reasoning_tokens(self) -> int | None:
+        """The thinking's tokens over every choice so far; None without a parser."""
+        if self.request.reasoning is None:
+            return None
+        return sum(s.reasoning_tokens for s in self._splitters.values())
 
     def _logprobs(self, choice_logprobs: Any) -> list[protocol.ChatTokenLogprob] | None:
         if not self.request.logprobs:
@@ -48,7 +93,9 @@ class ChatShape:
             and delta.finish_reason is None
             and not (self.request.logprobs and delta.logprobs)
         ):
-            return delta.text
+            splitter = self._splitter(choice)
+            if splitter is None or splitter.passes_through:
+                return delta.text
         return None
 
     def text_choice(self, index: int, text: str) -> protocol.ChatCompletionChunkChoice:
@@ -58,10 +105,13 @@ class ChatShape:
         self, choice: ChoiceState, delta: ChoiceDelta
     ) -> protocol.ChatCompletionChunkChoice | None:
         finish: str | None = delta.finish_reason
+        text, reasoning = self._split(choice, delta)
         if self.parses_tool_calls:
-            body, finish = self._tool_delta(choice, delta)
+            body, finish = self._tool_delta(choice, text, finish)
         else:
-            body = protocol.DeltaMessage(content=delta.text or None)
+            body = protocol.DeltaMessage(content=text or None)
+        if reasoning:
+            body = attrs.evolve(body, reasoning_content=reasoning)
         logprobs = self._logprobs(delta.logprobs) if delta.logprobs else None
         if body == _EMPTY_DELTA and logprobs is None and finish is None:
             return None
@@ -75,15 +125,14 @@ class ChatShape:
 
     @staticmethod
     def _tool_delta(
-        choice: ChoiceState, delta: ChoiceDelta
+        choice: ChoiceState, text: str, finish: str | None
     ) -> tuple[protocol.DeltaMessage, str | None]:
-        """The delta's content and tool-call pieces, and its finish reason: a choice
-        that stopped after making calls finishes with "tool_calls"."""
+        """The content and tool-call pieces of a delta's `text`, and its finish
+        reason: a choice that stopped after making calls finishes with "tool_calls"."""
         parser = choice.tool_parser
         if parser is None:
             parser = choice.tool_parser = tool_calls.ToolCallParser()
-        content, calls = parser.feed(delta.text)
-        finish: str | None = delta.finish_reason
+        content, calls = parser.feed(text)
         if finish is not None:
             content += parser.finish()
             if finish == "stop" and parser.calls:
@@ -92,20 +141,38 @@ class ChatShape:
 
     def final_choice(self, choice: ChoiceState) -> protocol.ChatCompletionChoice:
         logprobs = self._logprobs(choice.logprobs)
-        content: str | None = choice.text
+        text, reasoning = self._final_split(choice)
+        content: str | None = text
         calls: list[protocol.ToolCall] = []
         finish: str | None = choice.finish_reason
         if self.parses_tool_calls:
-            content, calls = tool_calls.parse(choice.text)
+            content, calls = tool_calls.parse(text)
             if calls and finish == "stop":
                 finish = "tool_calls"
         return protocol.ChatCompletionChoice(
             index=choice.index,
-            message=protocol.ChatMessage("assistant", content, calls or None),
+            message=protocol.ChatMessage("assistant", content, calls or None, reasoning),
             finish_reason=finish,
             logprobs=None if logprobs is None else protocol.ChatLogprobs(logprobs),
             stop_reason=choice.stop_reason,
         )
+
+    def _final_split(self, choice: ChoiceState) -> tuple[str, str | None]:
+        """A finished choice's (content, thinking), its parts fed as they came, so
+        that its reasoning tokens count as a stream's do; thinking None when the
+        output has none."""
+        splitter = self._splitter(choice, fresh=True)
+        if splitter is None:
+            return choice.text, None
+        content, reasoning = [], []
+        for part, count in zip(choice.text_parts, choice.part_tokens, strict=False):
+            split = splitter.feed(part, count)
+            content.append(split.content)
+            reasoning.append(split.reasoning)
+        last = splitter.finish()
+        content.append(last.content)
+        reasoning.append(last.reasoning)
+        return "".join(content), "".join(reasoning) if splitter.thought else None
 
     def full_response(self, **fields: Any) -> protocol.ChatCompletion:
         return protocol.ChatCompletion(**fields)
@@ -150,6 +217,9 @@ class CompletionShape:
             choice.index, delta.text, delta.finish_reason, logprobs, delta.stop_reason
         )
 
+    def usage(self, run: RequestRun) -> protocol.Usage:
+        return fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+
     def final_choice(self, choice: ChoiceState) -> protocol.CompletionChoice:
         logprobs = None
         if self.request.params.logprobs is not None:
@@ -171,11 +241,13 @@ ChunkChoice = protocol.ChatCompletionChunkChoice | protocol.CompletionChoice
 
 def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) -> dict[str, Any]:
     """The non-streamed response body, built from the protocol types."""
+    # The choices first: a chat shape counts their thinking as it shapes them.
+    choices = [shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)]
     response = shape.full_response(
         id=request_id,
         model=run.state.model_name,
-        choices=[shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)],
+        choices=choices,
         created=created,
-        usage=fmt.usage(run.prompt_tokens, run.completion_tokens, run.cached_tokens),
+        usage=shape.usage(run),
     )
     return response.to_dict()

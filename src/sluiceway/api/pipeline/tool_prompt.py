@@ -38,8 +38,10 @@ For each function call, return a json object with function name and arguments wi
 {close}"""
 
 
-def template_knows_tools(tokenizer: Any) -> bool:
-    template = getattr(tokenizer, "chat_template", None)
+def template_knows_tools(tokenizer: Any, template: str | None = None) -> bool:
+    """Whether the chat template (`template`, else the tokenizer's) renders `tools`."""
+    if template is None:
+        template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # named templates: the one used by default
         template = template.get("tool_use") or template.get("default")
     return isinstance(template, str) and "tools" in template

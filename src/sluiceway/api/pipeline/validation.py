@@ -10,7 +10,7 @@ can get wrong is a 400 `APIError`, so a bad request never reaches the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -23,6 +23,34 @@ from sluiceway.engine.sampling_params import InvalidParameterError, SamplingPara
 from sluiceway.grammar.spec import GrammarSpec
 from sluiceway.protocol.constraints import MAX_PROMPTS, as_int
 from sluiceway.protocol.requests import Messages
+from sluiceway.reasoning import PromptState, ReasoningFormat, thinking_budget
+
+# Keys of `chat_template_kwargs` that are the renderer's own arguments, not the
+# template's variables.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+    }
+)
+
+
+@attrs.frozen
+class ReasoningSetup:
+    """A chat request to a reasoning model: its parser's format, and where each
+    prompt leaves the thinking (`states[i]` for conversation i)."""
+
+    format: ReasoningFormat
+    states: tuple[PromptState, ...]
+
 
 # Prompts x n per request, unless the caller says otherwise: the server passes
 # `ServerConfig.max_choices_per_request` (`--max-choices-per-request`, default 128).
@@ -69,6 +97,14 @@ class ChatRequest(CommonRequest):
     top_logprobs: int
     add_generation_prompt: bool
     tool_use: ToolUse | None = None
+    # What the chat template is given besides the messages (the request's
+    # `chat_template_kwargs`; the server's defaults are added when rendering).
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    # Tokens a reasoning model may think before its closing tag is forced (None:
+    # no limit); `reasoning` is how this model marks its thinking and where each
+    # prompt leaves it (None: the server parses no thinking), set with the prompts.
+    reasoning_budget: int | None = None
+    reasoning: ReasoningSetup | None = None
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:
@@ -284,6 +320,14 @@ def chat_request(
         raise invalid_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs")
     top_logprobs = as_int(wire.top_logprobs) or 0
     params = _sampling_params(wire, vocab_size, max_tokens, top_logprobs if logprobs else None)
+    kwargs = dict(wire.chat_template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise invalid_request(
+            f"'chat_template_kwargs' may not set {', '.join(map(repr, reserved))}: "
+            "the request's own fields say that.",
+            "chat_template_kwargs",
+        )
     return ChatRequest(
         **common,
         params=params,
@@ -295,6 +339,8 @@ def chat_request(
         grammar=grammar,
         grammar_param=grammar_param,
         tool_use=tool_use,
+        template_kwargs=kwargs,
+        reasoning_budget=thinking_budget(as_int(wire.max_reasoning_tokens), wire.reasoning_effort),
     )
 
 

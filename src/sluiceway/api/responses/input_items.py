@@ -58,6 +58,8 @@ def chat_messages(items: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]
             messages.append(
                 {"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": output}
             )
+        elif kind == "reasoning":
+            continue  # earlier thinking is not shown to the model again, as templates drop it
         else:
             raise invalid_request(
                 f"Input item type {kind!r} is not supported here (supported: message, "
@@ -117,6 +119,8 @@ def input_items(items: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ids: set[str] = set()
     for item in items:
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            continue  # as `chat_messages` drops it
         item_id = item.get("id")
         if not isinstance(item_id, str) or not item_id or item_id in ids:
             # A page's `after` names an item by its id, so no two may share one.
@@ -209,6 +213,9 @@ def chat_body(
         ("top_p", req.top_p),
         ("seed", req.seed),
         ("parallel_tool_calls", req.parallel_tool_calls),
+        ("chat_template_kwargs", req.chat_template_kwargs),
+        ("reasoning_effort", req.reasoning.effort if req.reasoning is not None else None),
+        ("max_reasoning_tokens", req.max_reasoning_tokens),
     ):
         if value is not None:
             body[key] = value

@@ -3,6 +3,9 @@ named events of a streamed response in the order OpenAI sends them:
 
     response.created, response.in_progress (a background one: response.created,
         response.queued, then response.in_progress once it runs),
+    per reasoning item: response.output_item.added, response.content_part.added,
+        response.reasoning_text.delta..., response.reasoning_text.done,
+        response.content_part.done, response.output_item.done
     per message: response.output_item.added, response.content_part.added,
         response.output_text.delta..., response.output_text.done,
         response.content_part.done, response.output_item.done
@@ -26,7 +29,13 @@ from typing import Any
 import attrs
 
 from sluiceway import protocol
-from sluiceway.protocol.responses import FunctionCallItem, OutputMessage, OutputText
+from sluiceway.protocol.responses import (
+    FunctionCallItem,
+    OutputMessage,
+    OutputText,
+    ReasoningItem,
+    ReasoningText,
+)
 
 Event = dict[str, Any]
 
@@ -63,6 +72,9 @@ class ResponseOutput:
         self._message_id = ""
         self._message_index = 0
         self._call: _Call | None = None  # the open function call
+        self._reasoning: list[str] | None = None  # the open reasoning item's text
+        self._reasoning_id = ""
+        self._reasoning_index = 0
         self.finish_reason: str | None = None
 
     def emit(self, event_type: str, **fields: Any) -> None:
@@ -93,6 +105,8 @@ class ResponseOutput:
         # is never inside a call, so the open call's pieces come before the text
         # and any new call's after it.
         open_index = None if self._call is None else self._call.index
+        if delta.reasoning_content:  # thinking comes before what it leads to
+            self._add_reasoning(delta.reasoning_content)
         for piece in pieces:
             if piece.index == open_index:
                 self._add_call(piece)
@@ -104,8 +118,47 @@ class ResponseOutput:
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
 
+    def _add_reasoning(self, text: str) -> None:
+        where = {"item_id": self._reasoning_id, "output_index": self._reasoning_index}
+        if self._reasoning is None:
+            self._close_text("completed")
+            self._close_call("completed")
+            self._reasoning, self._reasoning_id = [], _item_id("rs")
+            self._reasoning_index = len(self.items)
+            where = {"item_id": self._reasoning_id, "output_index": self._reasoning_index}
+            item = ReasoningItem(self._reasoning_id, status="in_progress")
+            self.emit(
+                "response.output_item.added",
+                output_index=self._reasoning_index,
+                item=item.to_dict(),
+            )
+            self.emit(
+                "response.content_part.added",
+                **where,
+                content_index=0,
+                part=ReasoningText("").to_dict(),
+            )
+        self._reasoning.append(text)
+        self.emit("response.reasoning_text.delta", **where, content_index=0, delta=text)
+
+    def _close_reasoning(self, status: str) -> None:
+        if self._reasoning is None:
+            return
+        text = "".join(self._reasoning)
+        self._reasoning = None
+        where = {"item_id": self._reasoning_id, "output_index": self._reasoning_index}
+        self.emit("response.reasoning_text.done", **where, content_index=0, text=text)
+        part = ReasoningText(text)
+        self.emit("response.content_part.done", **where, content_index=0, part=part.to_dict())
+        item = ReasoningItem(self._reasoning_id, [part], status=status)
+        self.items.append(item)
+        self.emit(
+            "response.output_item.done", output_index=self._reasoning_index, item=item.to_dict()
+        )
+
     def _add_text(self, text: str) -> None:
         if self._text is None:
+            self._close_reasoning("completed")
             self._close_call("completed")
             self._text, self._message_id = [], _item_id("msg")
             self._message_index = len(self.items)
@@ -152,6 +205,7 @@ class ResponseOutput:
         if call is None or call.index != piece.index:
             # A call's pieces all come before the next call's: a new index ends the
             # open call, which was complete.
+            self._close_reasoning("completed")
             self._close_text("completed")
             self._close_call("completed")
             call = self._call = _Call(
@@ -194,6 +248,7 @@ class ResponseOutput:
         """Ends the open item, incomplete unless the output ended on its own (not cut
         by `max_output_tokens`, aborted or failed); the output's wire form."""
         status = "completed" if self.finish_reason in _ENDED_WHOLE else "incomplete"
+        self._close_reasoning(status)
         self._close_text(status)
         self._close_call(status)
         return [item.to_dict() for item in self.items]

@@ -48,6 +48,7 @@ from sluiceway.protocol.responses import (
     INCLUDABLE,
     IncompleteDetails,
     InputTokensDetails,
+    OutputTokensDetails,
     ResponseError,
     ResponseItemList,
     ResponseUsage,
@@ -288,6 +289,7 @@ class _Generation:
             output_tokens=run.completion_tokens,
             total_tokens=run.prompt_tokens + run.completion_tokens,
             input_tokens_details=InputTokensDetails(run.cached_tokens),
+            output_tokens_details=OutputTokensDetails(self.shape.reasoning_tokens() or 0),
         )
         status, incomplete, error = "completed", None, None
         if failure is not None:

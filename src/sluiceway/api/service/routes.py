@@ -67,7 +67,13 @@ async def tokenize() -> Response:
         if req.messages is not None:
             conversation = check_conversation(req.messages, state.engine.max_model_len, "messages")
             add_generation_prompt = req.add_generation_prompt is not False
-            ready = prompts.chat_prompts(tok, [conversation], add_generation_prompt)
+            config = state.server_config  # rendered as a chat request would be
+            template = prompts.ChatTemplate(
+                config.chat_template, config.default_chat_template_kwargs
+            )
+            ready = prompts.chat_prompts(
+                tok, [conversation], add_generation_prompt, template=template
+            )
         elif req.prompt is not None:
             add_special = req.add_special_tokens is not False
             ready = prompts.text_prompt(tok, req.prompt, add_special)
