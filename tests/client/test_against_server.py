@@ -17,9 +17,9 @@ from sluiceway.api.serve import RunningServer
 from sluiceway.client import (
     AsyncClient,
     BadRequestError,
-    ChatRequest,
+    ChatCall,
     ChoiceStream,
-    CompletionRequest,
+    CompletionCall,
     NotFoundError,
 )
 from sluiceway.engine.batch import SampledToken, StepBatch
@@ -259,8 +259,8 @@ async def test_run_many_mixes_good_and_bad_requests(live: AsyncClient) -> None:
     requests: list[Any] = [
         {"model": MODEL, "messages": _user("one"), "max_tokens": 3},
         {"model": MODEL, "messages": _user("two"), "max_tokens": -1},  # 400
-        CompletionRequest(prompt="three", model=MODEL, params={"max_tokens": 4}),
-        ChatRequest(messages=_user("four"), model="no-such-model", params={"max_tokens": 2}),
+        CompletionCall(prompt="three", model=MODEL, params={"max_tokens": 4}),
+        ChatCall(messages=_user("four"), model="no-such-model", params={"max_tokens": 2}),
         {"model": MODEL, "prompt": ["five", "six"], "max_tokens": 2, "n": 2},
         {"model": MODEL, "prompt": "seven", "temperature": -1.0},  # 400
     ]

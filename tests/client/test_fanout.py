@@ -10,9 +10,9 @@ from client_fakes import Conn, FakeServer, Request, chat_chunk, chat_completion,
 from sluiceway.client import (
     APITimeoutError,
     BadRequestError,
-    ChatRequest,
+    ChatCall,
     ChoiceStream,
-    CompletionRequest,
+    CompletionCall,
     StreamInterruptedError,
 )
 from sluiceway.client._fanout import count_prompts
@@ -235,12 +235,12 @@ async def test_run_many_order_isolation_and_concurrency_limit(
 
     server.handler = handler
     requests = [
-        ChatRequest([{"role": "user", "content": "q0"}], "m"),
+        ChatCall([{"role": "user", "content": "q0"}], "m"),
         {"model": "m", "messages": [{"role": "user", "content": "q1"}], "max_tokens": 3},
-        CompletionRequest("q2", "m"),
+        CompletionCall("q2", "m"),
         {"model": "m", "messages": [{"role": "user", "content": "q3"}]},
         {"model": "m", "prompt": "q4"},
-        ChatRequest([{"role": "user", "content": "q5"}], "m", {"temperature": 0.0}),
+        ChatCall([{"role": "user", "content": "q5"}], "m", {"temperature": 0.0}),
     ]
     async with server.client() as client:
         results = await client.run_many(requests, max_concurrency=2)

@@ -16,10 +16,10 @@ transformers or the server. See ``docs/client.md``.
 
 from sluiceway.client._client import DEFAULT, DEFAULT_TIMEOUT, DEFAULT_URL, AsyncClient
 from sluiceway.client._fanout import (
-    ChatRequest,
+    ChatCall,
     ChoiceStream,
     ChoiceStreams,
-    CompletionRequest,
+    CompletionCall,
     Result,
 )
 from sluiceway.client._retry import RetryPolicy
@@ -56,10 +56,10 @@ __all__ = [
     "AsyncClient",
     "AuthenticationError",
     "BadRequestError",
-    "ChatRequest",
+    "ChatCall",
     "ChoiceStream",
     "ChoiceStreams",
-    "CompletionRequest",
+    "CompletionCall",
     "InternalServerError",
     "NotFoundError",
     "PayloadTooLargeError",

@@ -11,7 +11,7 @@ import httpx
 import trio
 
 from sluiceway.client._defaults import DEFAULT
-from sluiceway.client._fanout import ChatRequest, ChoiceStreams, CompletionRequest, Result
+from sluiceway.client._fanout import ChatCall, ChoiceStreams, CompletionCall, Result
 from sluiceway.client._fanout import run_many as _run_many
 from sluiceway.client._fanout import stream_choices as _stream_choices
 from sluiceway.client._resources import Chat, Completions, Embeddings, Models
@@ -180,7 +180,7 @@ class AsyncClient:
 
     async def run_many(
         self,
-        requests: Sequence[ChatRequest | CompletionRequest | Mapping[str, Any]],
+        requests: Sequence[ChatCall | CompletionCall | Mapping[str, Any]],
         *,
         max_concurrency: int = 8,
         fail_fast: bool = False,
@@ -188,7 +188,7 @@ class AsyncClient:
         """Run many non-streamed requests at once, at most ``max_concurrency`` in
         flight (a ``trio.CapacityLimiter``). Returns results in input order.
 
-        A request is a :class:`ChatRequest`, a :class:`CompletionRequest`, or a
+        A request is a :class:`ChatCall`, a :class:`CompletionCall`, or a
         dict of ``create`` arguments (``messages`` means chat, ``prompt`` means
         completions; an optional ``timeout`` key). Each request has its own
         deadline (its ``timeout``, else the client's), counted from when it gets

@@ -241,8 +241,9 @@ def _deliver(
 
 
 @attrs.frozen
-class ChatRequest:
-    """A chat request for :meth:`AsyncClient.run_many`. ``params`` are the other
+class ChatCall:
+    """One chat call of :meth:`AsyncClient.run_many` (the wire body is
+    ``protocol.ChatCompletionRequest``). ``params`` are the other
     ``create`` arguments; ``timeout`` its own deadline (None: the client's)."""
 
     messages: Sequence[Any]
@@ -252,8 +253,9 @@ class ChatRequest:
 
 
 @attrs.frozen
-class CompletionRequest:
-    """A completions request for :meth:`AsyncClient.run_many`."""
+class CompletionCall:
+    """One completions call of :meth:`AsyncClient.run_many` (the wire body is
+    ``protocol.CompletionRequest``)."""
 
     prompt: Any
     model: str | None = None
@@ -261,8 +263,8 @@ class CompletionRequest:
     timeout: float | None = None
 
 
-def _as_request(spec: ChatRequest | CompletionRequest | Mapping[str, Any]) -> Any:
-    if isinstance(spec, (ChatRequest, CompletionRequest)):
+def _as_request(spec: ChatCall | CompletionCall | Mapping[str, Any]) -> Any:
+    if isinstance(spec, (ChatCall, CompletionCall)):
         return spec
     params = dict(spec)
     if params.pop("stream", False):
@@ -270,15 +272,15 @@ def _as_request(spec: ChatRequest | CompletionRequest | Mapping[str, Any]) -> An
     timeout = params.pop("timeout", None)
     model = params.pop("model", None)
     if "messages" in params:
-        return ChatRequest(params.pop("messages"), model, params, timeout)
+        return ChatCall(params.pop("messages"), model, params, timeout)
     if "prompt" in params:
-        return CompletionRequest(params.pop("prompt"), model, params, timeout)
+        return CompletionCall(params.pop("prompt"), model, params, timeout)
     raise ValueError(f"a request needs messages= or prompt=: {spec!r}")
 
 
 async def _run_one(client: Generating, request: Any) -> ChatCompletion | Completion:
     timeout = DEFAULT if request.timeout is None else request.timeout
-    if isinstance(request, ChatRequest):
+    if isinstance(request, ChatCall):
         return await client.chat.completions.create(
             messages=request.messages, model=request.model, timeout=timeout, **request.params
         )
@@ -289,7 +291,7 @@ async def _run_one(client: Generating, request: Any) -> ChatCompletion | Complet
 
 async def run_many(
     client: Generating,
-    requests: Sequence[ChatRequest | CompletionRequest | Mapping[str, Any]],
+    requests: Sequence[ChatCall | CompletionCall | Mapping[str, Any]],
     *,
     max_concurrency: int,
     fail_fast: bool,
