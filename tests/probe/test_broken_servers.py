@@ -72,6 +72,7 @@ PASSES = [
     *((name, {}) for name in sorted({c[0] for c in FAILURES})),
     ("disconnect_frees_work", {"metrics": False}),  # judged by the kept stream's rate
     ("overload", {"slots": 2, "max_waiting": 2}),  # refused, with Retry-After
+    ("reconnect_storm", {"slots": 2, "max_waiting": 2}),  # some refused: an answer
 ]
 
 

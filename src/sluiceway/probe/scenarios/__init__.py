@@ -56,14 +56,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "client_cancel",
         cancellation.client_cancel,
-        cancellation.ROUNDS + 1,
+        cancellation.ROUNDS + cancellation.FOLLOW_TRIES,
         1,
         "SGLang #37833, #36475",
     ),
     Scenario(
         "reconnect_storm",
         cancellation.reconnect_storm,
-        cancellation.STORM + 1,
+        cancellation.STORM + cancellation.FOLLOW_TRIES,
         1,
         "SGLang #37833, #36475",
     ),

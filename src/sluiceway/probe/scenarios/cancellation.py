@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import trio
 
+from sluiceway.client import APIStatusError
 from sluiceway.probe.context import CHAT, Outcome, ProbeContext, refusal_means_unsupported
 from sluiceway.probe.gauges import Gauges
 from sluiceway.probe.record import StreamRecord
@@ -18,6 +19,9 @@ STORM = 16
 STORM_AT_ONCE = 8
 FOLLOW_TOKENS = 8
 SETTLE_WITHIN_S = 5.0
+REFUSALS = (429, 503)
+FOLLOW_TRIES = 3
+MAX_RETRY_AFTER_S = 5.0
 POLL_S = 0.1
 
 
@@ -43,10 +47,18 @@ async def reconnect_storm(ctx: ProbeContext) -> Outcome:
     start = await ctx.gauges()
     limiter = trio.CapacityLimiter(STORM_AT_ONCE)
     dropped = [0]
+    refused: list[int] = []
 
     async def one(i: int) -> None:
         async with limiter:
-            cancelled = await _cancel_after(ctx, i % 2)
+            try:
+                cancelled = await _cancel_after(ctx, i % 2)
+            except APIStatusError as exc:
+                # A refusal with 429/503 is the server guarding itself: an answer.
+                if exc.status_code not in REFUSALS:
+                    raise
+                refused.append(exc.status_code)
+                return
             dropped[0] += cancelled
 
     ctx.progress = lambda: f"storm: {dropped[0]} of {STORM} streams opened and dropped"
@@ -54,7 +66,7 @@ async def reconnect_storm(ctx: ProbeContext) -> Outcome:
         async with trio.open_nursery() as nursery:
             for i in range(STORM):
                 nursery.start_soon(one, i)
-    ctx.numbers["dropped"] = dropped[0]
+    ctx.numbers.update(dropped=dropped[0], refused=refused)
     return await _after_the_fact(ctx, start, f"a storm of {STORM} dropped streams")
 
 
@@ -75,11 +87,28 @@ async def _cancel_after(ctx: ProbeContext, entries: int) -> int:
     return int(scope.cancelled_caught)
 
 
+async def _follow_up(ctx: ProbeContext) -> StreamRecord:
+    """A short request after the cancellations; a 429/503 (the server still
+    letting go) is retried after its Retry-After, ``FOLLOW_TRIES`` times in all."""
+    for attempt in range(FOLLOW_TRIES):
+        try:
+            with refusal_means_unsupported("a streamed chat request"):
+                body = ctx.chat(PROMPT, FOLLOW_TOKENS, temperature=0)
+                async with ctx.stream(CHAT, body) as (s, rec):
+                    await ctx.read(s, rec)
+            return rec
+        except APIStatusError as exc:
+            if exc.status_code not in REFUSALS or attempt == FOLLOW_TRIES - 1:
+                raise
+            ctx.numbers.setdefault("follow_up_refused", []).append(exc.status_code)
+            wait = getattr(exc, "retry_after", None)  # 429 and 503 carry it
+            await trio.sleep(min(wait if wait is not None else 1.0, MAX_RETRY_AFTER_S))
+    raise AssertionError("unreachable")
+
+
 async def _after_the_fact(ctx: ProbeContext, start: Gauges | None, what: str) -> Outcome:
     ctx.progress = f"after {what}, a new request got no answer"
-    with refusal_means_unsupported("a streamed chat request"):
-        async with ctx.stream(CHAT, ctx.chat(PROMPT, FOLLOW_TOKENS, temperature=0)) as (s, rec):
-            await ctx.read(s, rec)
+    rec = await _follow_up(ctx)
     follow = durations([rec])[0]
     ctx.numbers["follow_up_s"] = follow
     if start is None:
