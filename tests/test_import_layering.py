@@ -8,6 +8,7 @@ the client and the protocol are installed by users who have no torch or server.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -194,3 +195,48 @@ def test_the_client_needs_trio_and_nothing_of_the_server():
     assert not _top_levels(loaded) & set(_HEAVY)
     server_side = {"sluiceway.api", "sluiceway.runner", "sluiceway.bench", "sluiceway.cli"}
     assert not {m for m in loaded if _package_of(m) & server_side}
+
+
+# Packages whose `__init__` names what other packages may use (`__all__`): public
+# names, and public submodules that may be imported (with whatever lies below them).
+CURATED_PACKAGES = ("sluiceway.engine", "sluiceway.runner", "sluiceway.transport")
+
+
+def _private_imports(package: str) -> list[str]:
+    """'importer -> target' for each import, by a module outside `package`, of a
+    name or submodule of `package` that its `__all__` does not list."""
+    public = set(importlib.import_module(package).__all__)
+    found = []
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        module = _module_name(path)
+        if module == package or module.startswith(package + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                if node.module == package:
+                    targets = [f"{package}.{alias.name}" for alias in node.names]
+                else:
+                    targets = [node.module]
+            else:
+                continue
+            for target in targets:
+                if not target.startswith(package + "."):
+                    continue
+                first = target[len(package) + 1 :].split(".")[0]
+                if first not in public:
+                    found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("package", CURATED_PACKAGES)
+def test_other_packages_use_only_what_a_package_makes_public(package):
+    assert _private_imports(package) == []
+
+
+def test_an_import_of_a_private_module_is_found(monkeypatch):
+    engine = importlib.import_module("sluiceway.engine")
+    monkeypatch.setattr(engine, "__all__", [m for m in engine.__all__ if m != "outputs"])
+    found = _private_imports("sluiceway.engine")
+    assert "sluiceway.api.pipeline.request_run -> sluiceway.engine.outputs" in found

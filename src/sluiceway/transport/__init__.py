@@ -43,3 +43,7 @@ those minor versions, and `tests/api/test_server_internals.py` fails with the
 name of whatever changed shape or version, so an upgrade is reviewed here and
 nowhere else.
 """
+
+# What `sluiceway.api` may import (`tests/test_import_layering.py` holds it to
+# this); `h11_protocol` and `internals` are this package's own.
+__all__ = ["access_log", "chunk_socket", "connection", "connection_limits", "tcp_server"]
