@@ -8,7 +8,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from sluiceway.chat_templates import load_chat_template, parse_template_kwargs
 from sluiceway.config import KeyBudget, ServerConfig
 from sluiceway.flags import (
     add_engine_flags,
@@ -28,6 +30,31 @@ def _key_budgets(path: str) -> dict[str, KeyBudget]:
 
     try:
         return load_key_budgets(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _reasoning_parser(name: str) -> str:
+    from sluiceway.reasoning import UnknownReasoningParser, reasoning_format
+
+    if name not in ("auto", "none"):
+        try:
+            reasoning_format(name)
+        except UnknownReasoningParser as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
+
+
+def _chat_template(value: str) -> str:
+    try:
+        return load_chat_template(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _template_kwargs(text: str) -> dict[str, Any]:
+    try:
+        return parse_template_kwargs(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -71,6 +98,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--api-key-budgets", type=_key_budgets, default={}, metavar="FILE", help='JSON of accepted keys with requests and tokens a minute each, e.g. {"keys": {"KEY": {"requests_per_minute": 60, "tokens_per_minute": 40000}}}; over budget is a 429 with Retry-After')
     g.add_argument("--response-store", default=None, metavar="PATH", help="keep stored Responses API responses in this SQLite file, so that GET and previous_response_id outlive a restart (default: in memory)")
     g.add_argument("--batch-store", default=None, metavar="PATH", help="keep uploaded files and Batch API batches in this SQLite file, so that a restart resumes a batch with the lines it had not answered (default: in memory)")
+    g.add_argument("--reasoning-parser", type=_reasoning_parser, default="auto", metavar="NAME", help="split reasoning models' thinking into reasoning_content: qwen3 (also SmolLM3), deepseek_r1, think, or think:START,END for other tags; auto (default): the model family's, else the generic pair where the chat template writes <think>; none: leave it in the content. The log says which")
+    g.add_argument("--chat-template", type=_chat_template, default=None, metavar="FILE_OR_STRING", help="a Jinja chat template (a file, or the template itself) used instead of the model's")
+    g.add_argument("--default-chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON", help='what every chat template render is given unless a request\'s chat_template_kwargs says otherwise, e.g. \'{"enable_thinking": false}\'')
     g.add_argument("--batch-concurrency", type=positive_int, default=8, metavar="N", help="Batch API lines in the engine at once, each at background priority (default 8)")
     p.set_defaults(handler=_cmd_serve)
 
@@ -97,6 +127,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         api_key_budgets=args.api_key_budgets,
         batch_store=args.batch_store,
         batch_concurrency=args.batch_concurrency,
+        reasoning_parser=args.reasoning_parser,
+        chat_template=args.chat_template,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     try:
         engine = engine_config(args)

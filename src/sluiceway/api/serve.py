@@ -121,6 +121,7 @@ async def serve_async(
     server_config: ServerConfig,
     model_name: str,
     model_vocab_size: int | None = None,
+    model_type: str | None = None,
     handle_signals: bool = False,
     task_status: trio.TaskStatus[RunningServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -134,6 +135,7 @@ async def serve_async(
         server_config=server_config,
         model_name=model_name,
         model_vocab_size=model_vocab_size,
+        model_type=model_type,
     )
     state: ServerState = app.config["SLUICEWAY_STATE"]
     tcp_server.install()  # logs why where hypercorn's own transport must serve
@@ -170,15 +172,17 @@ async def serve_async(
 
 def load_engine(
     model_config: ModelConfig, engine_config: EngineConfig
-) -> tuple[Engine, str, int | None]:
-    """Load the model and build its engine: (engine, served model name, vocab size).
-    Raises `ModelLoadError` for a missing or unreadable model."""
+) -> tuple[Engine, str, int | None, str | None]:
+    """Load the model and build its engine: (engine, served model name, vocab size,
+    transformers model type). Raises `ModelLoadError` for a missing or unreadable
+    model."""
     from sluiceway import model_engine
 
     bundle = model_engine.load_bundle_on_thread(model_config, engine_config)
     engine = model_engine.build_engine(bundle, engine_config)
     vocab = getattr(bundle.loaded.hf_config, "vocab_size", None)
-    return engine, model_config.served_model_name or bundle.name, vocab
+    model_type = getattr(bundle.loaded.hf_config, "model_type", None)
+    return engine, model_config.served_model_name or bundle.name, vocab, model_type
 
 
 def serve(
@@ -194,7 +198,7 @@ def serve(
     from sluiceway.runner.loading import ModelLoadError
 
     try:
-        engine, name, vocab = load_engine(model_config, engine_config)
+        engine, name, vocab, model_type = load_engine(model_config, engine_config)
     except ModelLoadError as exc:
         print(f"sluiceway: {exc}", file=sys.stderr)
         return 2
@@ -205,6 +209,7 @@ def serve(
             server_config=server_config,
             model_name=name,
             model_vocab_size=vocab,
+            model_type=model_type,
             handle_signals=True,
         )
 
