@@ -125,7 +125,11 @@ async def test_tool_use_round_trip(serve_texts: Any) -> None:
         ask = [{"role": "user", "content": "Weather in Paris?"}]
         first = await in_thread(
             lambda: client.messages.create(
-                model=MODEL, max_tokens=128, messages=ask, tools=[WEATHER], extra_body={"temperature": 0}
+                model=MODEL,
+                max_tokens=128,
+                messages=ask,
+                tools=[WEATHER],
+                extra_body={"temperature": 0},
             )
         )
         assert first.stop_reason == "tool_use"
@@ -288,3 +292,56 @@ async def test_a_client_that_leaves_a_stream_frees_the_engine(serve_texts: Any) 
             await server.state.engine.wait_idle()
         assert engine_empty(server) and finished(server, "abort") == 1
     assert runner.written[0] < 1000  # it stopped long before its max_tokens
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+THOUGHT = "<think>\nThey want a greeting.\n</think>\n\n" + HELLO
+
+
+async def test_thinking_blocks_whole_and_streamed(serve_texts: Any) -> None:
+    reasoning = {"chat_template": THINKING_TEMPLATE, "reasoning_parser": "qwen3"}
+    async with serve_texts([THOUGHT], **reasoning) as (server, _):
+        client = sdk(server)
+        whole = await in_thread(
+            lambda: client.messages.create(
+                model=MODEL,
+                max_tokens=64,
+                messages=ASK,
+                thinking={"type": "enabled", "budget_tokens": 1024},
+            )
+        )
+
+        def streamed() -> tuple[list[str], str, anthropic.types.Message]:
+            with client.messages.stream(model=MODEL, max_tokens=64, messages=ASK) as stream:
+                deltas, thinking = [], []
+                for event in stream:
+                    if event.type == "content_block_delta":
+                        deltas.append(event.delta.type)
+                    if event.type == "thinking":
+                        thinking.append(event.thinking)
+                return deltas, "".join(thinking), stream.get_final_message()
+
+        deltas, thinking, final = await in_thread(streamed)
+        off = await in_thread(
+            lambda: client.messages.create(
+                model=MODEL, max_tokens=64, messages=ASK, thinking={"type": "disabled"}
+            )
+        )
+    first, text = whole.content
+    assert isinstance(first, anthropic.types.ThinkingBlock)
+    assert first.thinking == "They want a greeting." and first.signature == ""
+    assert isinstance(text, anthropic.types.TextBlock) and text.text == HELLO
+    assert thinking == "They want a greeting."
+    assert (
+        deltas.index("thinking_delta")
+        < deltas.index("signature_delta")
+        < deltas.index("text_delta")
+    )
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    # Thinking switched off: the template closes the block, the tags are only text.
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == THOUGHT  # type: ignore[union-attr]
