@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -18,12 +17,8 @@ import attrs
 import pytest
 import trio
 
-from sluiceway.api.serve import RunningServer, serve_async
-
-# Helper modules shared by several suites (server_helpers.py) sit beside this file;
-# importlib mode does not put it on sys.path.
-sys.path.insert(0, str(Path(__file__).parent))
 from server_helpers import StepGate
+from sluiceway.api.serve import RunningServer, serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 

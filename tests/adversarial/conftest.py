@@ -4,19 +4,10 @@ subprocesses driven by `load_tests/load_server.py`)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-# The server subprocess control lives in load_tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
-# The scripted runner the API tests use.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-
 from fakes import ScriptedRunner
 
 

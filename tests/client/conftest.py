@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import pytest
 import trio
-
-sys.path.insert(0, os.path.dirname(__file__))
-
 from client_fakes import FakeServer
 
 

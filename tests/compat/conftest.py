@@ -3,14 +3,9 @@ clients people build on OpenAI-compatible servers, run as their users run them."
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
-
 from load_server import ServerProcess
 
 

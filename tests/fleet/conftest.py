@@ -3,16 +3,10 @@ tests/conftest.py), and the subprocess helpers of load_tests/ (servers, the rout
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-
 from fakes import ScriptedRunner
 
 

@@ -4,17 +4,11 @@ server on an ephemeral loopback port."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-# The load-test tooling (server subprocess control) lives in load_tests/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "load_tests"))
-
 from reliability_fakes import FaultRunner
 
 MODEL = "test-model"

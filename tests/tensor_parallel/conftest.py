@@ -1,12 +1,7 @@
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-# The helpers module sits beside the tests; importlib mode does not add it to sys.path.
-sys.path.insert(0, str(Path(__file__).parent))
-
 from tp_helpers import tiny_llama
 
 
