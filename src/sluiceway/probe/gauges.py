@@ -13,6 +13,7 @@ FAMILIES = (
     ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
     ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
 )
+METRICS_TIMEOUT_S = 5.0
 
 
 @attrs.frozen
@@ -30,12 +31,12 @@ class Gauges:
 
 
 async def read_gauges(client: AsyncClient) -> Gauges | None:
-    """Read /metrics once; None when the server has no /metrics or none of the known
-    gauges (the caller then judges by what the streams show). Cancellation leaves
-    nothing open."""
+    """Read /metrics once (within ``METRICS_TIMEOUT_S``); None when the server has
+    no /metrics or none of the known gauges (the caller then judges by what the
+    streams show). Cancellation leaves nothing open."""
     try:
-        samples = await client.metrics()
-    except APIError:
+        samples = await client.metrics(timeout=METRICS_TIMEOUT_S)
+    except APIError:  # APITimeoutError included: a /metrics that hangs is none
         return None
     totals: dict[str, float] = {}
     for key, value in samples.items():

@@ -81,7 +81,7 @@ class ProbeRun:
                     bound = min(bounds[scenario.name], deadline - trio.current_time())
                     if bound < MIN_SCENARIO_S:
                         break
-                    result = await run_scenario(scenario, client, config, model, bound)
+                    result = await run_scenario(scenario, client, config, model, bound, deadline)
                     results.append(result)
                     if on_result is not None:
                         on_result(result)
@@ -109,13 +109,18 @@ async def _first_model(client: AsyncClient) -> str:
 
 
 async def run_scenario(
-    scenario: Scenario, client: AsyncClient, config: ProbeConfig, model: str, bound: float
+    scenario: Scenario,
+    client: AsyncClient,
+    config: ProbeConfig,
+    model: str,
+    bound: float,
+    deadline: float,
 ) -> ScenarioResult:
     """One scenario within ``bound`` seconds. Expiry is a failure whose reason is
     what it was waiting for; a refusal is "not supported"; a broken stream is a
     failure. Everything it opened is closed when this returns, and, where the
-    server has running gauges, the server has let it go (or ``SETTLE_S`` passed;
-    ``numbers["server_after"]`` says which)."""
+    server has running gauges, the server has let it go (or ``SETTLE_S`` passed,
+    or the run's ``deadline`` came; ``numbers["server_after"]`` says which)."""
     ledger = Ledger(max_requests=scenario.max_requests)
     ctx = ProbeContext(config.url, model, config.api_key, client, ledger, bound)
     before = await read_gauges(client)
@@ -134,8 +139,9 @@ async def run_scenario(
         reason = f"not done within its {bound:.1f} s bound: {ctx.describe_progress()}"
         ctx.numbers["streams_at_bound"] = [r.summary(began) for r in ctx.records]
     seconds = trio.current_time() - began
-    if before is not None:
-        ctx.numbers["server_after"] = await _settle(client, before)
+    settle_s = min(SETTLE_S, deadline - trio.current_time())
+    if before is not None and settle_s > 0:
+        ctx.numbers["server_after"] = await _settle(client, before, settle_s)
     return ScenarioResult(
         name=scenario.name,
         verdict=verdict,
@@ -147,13 +153,13 @@ async def run_scenario(
     )
 
 
-async def _settle(client: AsyncClient, before: Gauges) -> dict[str, Any]:
-    """Wait (at most ``SETTLE_S``) for the server's running + waiting count to
+async def _settle(client: AsyncClient, before: Gauges, limit_s: float) -> dict[str, Any]:
+    """Wait (at most ``limit_s``) for the server's running + waiting count to
     return to what it was before the scenario: every stream the probe closed
     must be let go by the server too. Says how long that took, or what was left."""
     began = trio.current_time()
     now: Gauges | None = before
-    with trio.move_on_after(SETTLE_S):
+    with trio.move_on_after(limit_s):
         while True:
             now = await read_gauges(client)
             if now is None or now.busy <= before.busy:
