@@ -345,3 +345,25 @@ async def test_thinking_blocks_whole_and_streamed(serve_texts: Any) -> None:
     assert [b.type for b in final.content] == ["thinking", "text"]
     # Thinking switched off: the template closes the block, the tags are only text.
     assert [b.type for b in off.content] == ["text"] and off.content[0].text == THOUGHT  # type: ignore[union-attr]
+
+
+async def test_http_errors_on_these_paths_take_anthropics_shape(serve_texts: Any) -> None:
+    async with (
+        serve_texts([HELLO], max_body_bytes=2048) as (server, _),
+        httpx.AsyncClient(base_url=server.url) as http,
+    ):
+        too_large = await http.post(
+            "/v1/messages",
+            json={
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "x" * 4096}],
+            },
+        )
+        unknown = await http.post("/v1/messages/batches", json={})
+        wrong_method = await http.get("/v1/messages")
+    assert too_large.status_code == 413
+    assert too_large.json()["error"]["type"] == "request_too_large"
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["type"] == "error"
