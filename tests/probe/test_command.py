@@ -44,6 +44,10 @@ async def test_passing_run_prints_the_table_writes_json_and_exits_0(
         "requests": 4,
         "peak_concurrency": 4,
         "max_tokens": 32,
+        "kinds": {"POST /v1/chat/completions stream max_tokens=32": 4},
+    }
+    assert by_name["n_choices"]["load"]["kinds"] == {
+        "POST /v1/chat/completions stream n=4 max_tokens=32": 1
     }
 
 

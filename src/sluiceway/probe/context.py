@@ -82,7 +82,7 @@ class ProbeContext:
         """Send one streamed request and hold it open for the block; the response
         is closed (the server sees the disconnect) when the block exits for any
         reason, cancellation included. A refusal raises the client's typed error."""
-        with self.ledger.request(int(body.get("max_tokens") or 0)):
+        with self.ledger.request(path, {**body, "stream": True}):
             stream = Stream(client or self.client, path, {**body, "stream": True}, _raw, None)
             record = StreamRecord(opened_at=self.now())
             self.records.append(record)
@@ -110,7 +110,7 @@ class ProbeContext:
 
     async def request_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One non-streamed request; its JSON body."""
-        with self.ledger.request(int(body.get("max_tokens") or 0)):
+        with self.ledger.request(path, body):
             result: dict[str, Any] = await self.client._request_json(
                 "POST", path, json=body, timeout=None
             )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import attrs
 
@@ -25,12 +26,16 @@ class Ledger:
     in_flight: int = 0
     peak: int = 0
     max_tokens: int = 0
+    kinds: dict[str, int] = attrs.field(factory=dict)
 
     @contextmanager
-    def request(self, max_tokens: int) -> Iterator[None]:
+    def request(self, path: str, body: Mapping[str, Any]) -> Iterator[None]:
         """Account for one request while the block runs (sent to closed)."""
         if self.requests >= self.max_requests:
             raise LoadExceededError(f"more than the stated {self.max_requests} requests")
+        max_tokens = int(body.get("max_tokens") or 0)
+        kind = describe(path, body)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
         self.requests += 1
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
@@ -41,4 +46,20 @@ class Ledger:
             self.in_flight -= 1
 
     def load(self) -> Load:
-        return Load(self.requests, self.peak, self.max_tokens)
+        return Load(self.requests, self.peak, self.max_tokens, dict(self.kinds))
+
+
+def describe(path: str, body: Mapping[str, Any]) -> str:
+    """One line for a kind of request: endpoint and the parameters that set its cost
+    or its shape, e.g. ``POST /v1/chat/completions stream n=4 max_tokens=32``."""
+    parts = [f"POST {path}"]
+    if body.get("stream"):
+        parts.append("stream")
+    prompts = body.get("prompt")
+    if isinstance(prompts, list) and prompts and not isinstance(prompts[0], int):
+        parts.append(f"prompts={len(prompts)}")
+    for key in ("n", "max_tokens"):
+        if body.get(key) is not None:
+            parts.append(f"{key}={body[key]}")
+    parts += [key for key in ("stop", "logprobs", "tools", "response_format") if body.get(key)]
+    return " ".join(parts)

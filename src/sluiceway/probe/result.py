@@ -20,14 +20,16 @@ class Verdict(enum.Enum):
 
 @attrs.frozen
 class Load:
-    """What one scenario sent: requests, the most in flight at once, and the largest
-    ``max_tokens`` any of them asked for (what a server's operator needs to know)."""
+    """What one scenario sent: requests, the most in flight at once, the largest
+    ``max_tokens`` any of them asked for, and how many of each kind (endpoint and
+    shape, see ``ledger.describe``): what a server's operator needs to know."""
 
     requests: int = 0
     peak_concurrency: int = 0
     max_tokens: int = 0
+    kinds: dict[str, int] = attrs.field(factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
 
