@@ -206,6 +206,9 @@ class BrokenServer:
     def _choices(self, body: dict[str, Any]) -> list[Choice]:
         prompts = body.get("prompt")
         count = len(prompts) if isinstance(prompts, list) else 1
+        conversations = body.get("messages") or []
+        if conversations and isinstance(conversations[0], list):  # batch chat
+            count = len(conversations)
         count *= int(body.get("n") or 1)
         stop = body.get("stop") or ()
         stop = (stop,) if isinstance(stop, str) else tuple(stop)

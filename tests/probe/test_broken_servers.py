@@ -28,6 +28,7 @@ async def probe(nursery: trio.Nursery, name: str, flaws: Flaws, **server: Any) -
 FAILURES = [
     ("parallel_streams", Flaws(serialise=True), {}, "serialised"),
     ("batch_prompts", Flaws(serialise=True), {}, "serialised"),
+    ("batch_chat", Flaws(serialise=True), {}, "serialised"),
     ("n_choices", Flaws(index_zero=True), {}, "no entries for indices [1, 2, 3]"),
     ("n_choices", Flaws(serialise=True), {}, "serialised"),
     ("early_stop", Flaws(stall_after_stop=True), {}, "never finished"),

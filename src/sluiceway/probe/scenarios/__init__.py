@@ -35,6 +35,7 @@ class Scenario:
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("parallel_streams", seed.parallel_streams, seed.WAYS, 1, "the seed, LMDeploy #3144"),
     Scenario("batch_prompts", seed.batch_prompts, 1, 1, "the seed, LMDeploy #3144"),
+    Scenario("batch_chat", seed.batch_chat, 1, 1, "the seed's own request, LMDeploy #3144"),
     Scenario("n_choices", seed.n_choices, 1, 1, "the seed; n>1 multiplexed into index 0"),
     Scenario(
         "early_stop", early_stop.early_stop, len(early_stop.SEEDS), 1, "the seed, LMDeploy #3144"

@@ -84,6 +84,27 @@ async def batch_prompts(ctx: ProbeContext) -> Outcome:
     return _judge_choices(ctx, rec, len(PROMPTS), "prompts")
 
 
+async def batch_chat(ctx: ProbeContext) -> Outcome:
+    """The seed's own request: one streamed chat request whose ``messages`` is a
+    list of four conversations (an extension of OpenAI's API that LMDeploy and
+    sluiceway accept; "not supported" where it is refused). Judged as
+    ``batch_prompts``."""
+    rec: StreamRecord | None = None
+
+    def progress() -> str:
+        if rec is None:
+            return "waiting for the response to start"
+        return f"indices finished: {rec.finished()} of 0..{len(PROMPTS) - 1}"
+
+    ctx.progress = progress
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    body = {"model": ctx.model, "messages": conversations, "max_tokens": TOKENS, "temperature": 0}
+    with refusal_means_unsupported("a streamed chat request with a list of conversations"):
+        async with ctx.stream(CHAT, body) as (s, rec):
+            await ctx.read(s, rec)
+    return _judge_choices(ctx, rec, len(PROMPTS), "conversations")
+
+
 async def n_choices(ctx: ProbeContext) -> Outcome:
     """One streamed chat request with ``n=4``: four indices, each its own text and
     one finish_reason, generated side by side (not multiplexed into index 0)."""
