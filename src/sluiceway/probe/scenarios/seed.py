@@ -86,8 +86,8 @@ async def batch_prompts(ctx: ProbeContext) -> Outcome:
 
 async def batch_chat(ctx: ProbeContext) -> Outcome:
     """The seed's own request: one streamed chat request whose ``messages`` is a
-    list of four conversations (an extension of OpenAI's API that LMDeploy and
-    sluiceway accept; "not supported" where it is refused). Judged as
+    list of four conversations, as the seed's reproduction sends it (an extension
+    of OpenAI's API that sluiceway accepts; "not supported" where it is refused). Judged as
     ``batch_prompts``."""
     rec: StreamRecord | None = None
 
