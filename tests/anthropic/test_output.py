@@ -102,3 +102,22 @@ def test_stop_reasons() -> None:
     assert stop_reason("stop", "END", used_tools=False) == ("stop_sequence", "END")
     assert stop_reason("length", None, used_tools=True) == ("max_tokens", None)
     assert stop_reason("stop", None, used_tools=True) == ("tool_use", None)
+
+
+def test_chat_field_names_become_the_messages_requests() -> None:
+    from sluiceway.api.anthropic.errors import anthropic_error_body, messages_param
+    from sluiceway.api.http.errors import APIError
+
+    assert messages_param("tool_choice.function.name") == "tool_choice.name"
+    assert messages_param("tools[2].function.parameters") == "tools[2].input_schema"
+    assert messages_param("stop") == "stop_sequences" and messages_param("messages") == "messages"
+    body = anthropic_error_body(
+        APIError(400, "No such function.", param="tool_choice.function.name")
+    )
+    assert body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "tool_choice.name: No such function.",
+        },
+    }

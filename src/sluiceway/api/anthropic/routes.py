@@ -37,7 +37,7 @@ from sluiceway.api.pipeline.generation import (
 )
 from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.pipeline.tool_calls import ToolCallParser
-from sluiceway.api.pipeline.validation import ChatRequest
+from sluiceway.api.pipeline.validation import ValidatedChatRequest
 from sluiceway.api.state import ServerState, current_state
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.protocol import anthropic as wire
@@ -52,7 +52,7 @@ blueprint = Blueprint("anthropic", __name__)
 
 def message_prompts(
     state: ServerState, data: bytes | str
-) -> tuple[ChatRequest, list[prompts.Prompt]]:
+) -> tuple[ValidatedChatRequest, list[prompts.Prompt]]:
     """A Messages body decoded, translated and rendered as the chat request it
     means (run by `prompts.prepare`). Raises `APIError`."""
     body = prompts.parse_body(data, wire.MessageCreateRequest)
@@ -98,7 +98,7 @@ class _Message:
     """One message's generation: its choice's deltas written as content blocks,
     sent as events when it streams."""
 
-    def __init__(self, run: RequestRun, chat: ChatRequest) -> None:
+    def __init__(self, run: RequestRun, chat: ValidatedChatRequest) -> None:
         self.run = run
         self.chat = chat
         self.id = f"msg_{uuid.uuid4().hex}"

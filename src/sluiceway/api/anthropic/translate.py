@@ -126,7 +126,7 @@ def _tools(tools: list[wire.ToolParam]) -> list[protocol.Tool]:
     for i, tool in enumerate(tools):
         if tool.type not in (None, "custom"):
             raise invalid_request(
-                f"tools[{i}]: the server tool '{tool.type}' is not available here; "
+                f"The server tool '{tool.type}' is not available here; "
                 "only client tools (name, description, input_schema) are.",
                 f"tools[{i}].type",
             )

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from sluiceway import protocol
+from sluiceway.protocol import anthropic
 from sluiceway.protocol.responses import INCLUDABLE
 
 _REF = "#/components/schemas/{name}"
@@ -47,6 +48,11 @@ _TYPES: tuple[Any, ...] = (
     protocol.ModelList,
     protocol.Model,
     protocol.ErrorObject,
+    anthropic.MessageCreateRequest,
+    anthropic.Message,
+    anthropic.CountTokensRequest,
+    anthropic.TokenCount,
+    anthropic.ErrorResponse,
 )
 
 _STATUS = {
@@ -79,18 +85,24 @@ def _ref(cls: Any) -> dict[str, str]:
     return {"$ref": _REF.format(name=cls.__name__)}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
+def _errors(*codes: int, schema: dict[str, str] = _ERROR) -> dict[str, Any]:
     return {
         str(c): {
             "description": _STATUS[c],
-            "content": {"application/json": {"schema": _ERROR}},
+            "content": {"application/json": {"schema": schema}},
         }
         for c in codes
     }
 
 
 def _post(
-    summary: str, request: Any, response: Any, codes: tuple[int, ...], *, stream: bool = False
+    summary: str,
+    request: Any,
+    response: Any,
+    codes: tuple[int, ...],
+    *,
+    stream: bool = False,
+    error: dict[str, str] = _ERROR,
 ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": _ref(response)}}
     if stream:
@@ -110,7 +122,8 @@ def _post(
                 "required": True,
                 "content": {"application/json": {"schema": _ref(request)}},
             },
-            "responses": {"200": {"description": "OK", "content": content}} | _errors(*codes),
+            "responses": {"200": {"description": "OK", "content": content}}
+            | _errors(*codes, schema=error),
         }
     }
 
@@ -214,6 +227,21 @@ def _paths() -> dict[str, Any]:
                 parameters=[response_parameter],
             )["get"]
         },
+        "/v1/messages": _post(
+            "A message (Anthropic's Messages API); streamed as Anthropic's named events",
+            anthropic.MessageCreateRequest,
+            anthropic.Message,
+            _GENERATION_ERRORS,
+            stream=True,
+            error=_ref(anthropic.ErrorResponse),
+        ),
+        "/v1/messages/count_tokens": _post(
+            "The prompt tokens of a Messages API request",
+            anthropic.CountTokensRequest,
+            anthropic.TokenCount,
+            _TOKENIZER_ERRORS,
+            error=_ref(anthropic.ErrorResponse),
+        ),
         "/v1/embeddings": _post(
             "Embeddings of one or many inputs",
             protocol.EmbeddingRequest,
