@@ -45,10 +45,10 @@ from sluiceway.api.pipeline.shapes import (
     full_response,
 )
 from sluiceway.api.pipeline.validation import (
-    ChatRequest,
-    CommonRequest,
-    CompletionRequest,
     ReasoningSetup,
+    ValidatedChatRequest,
+    ValidatedCompletionRequest,
+    ValidatedRequest,
     chat_request,
     completion_request,
 )
@@ -61,10 +61,10 @@ from sluiceway.transport.chunk_socket import ChunkSocket
 from sluiceway.transport.connection import connection_nursery, connection_send
 
 log = logging.getLogger(__name__)
-R = TypeVar("R", bound=CommonRequest)
+R = TypeVar("R", bound=ValidatedRequest)
 
 
-def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, list[Prompt]]:
+def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ValidatedChatRequest, list[Prompt]]:
     """A chat body validated, its conversations rendered and tokenized (run by
     `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
     return chat_wire_prompts(state, prompts.parse_body(data, protocol.ChatCompletionRequest))
@@ -72,7 +72,7 @@ def chat_prompts(state: ServerState, data: bytes | str) -> tuple[ChatRequest, li
 
 def chat_wire_prompts(
     state: ServerState, wire: protocol.ChatCompletionRequest
-) -> tuple[ChatRequest, list[Prompt]]:
+) -> tuple[ValidatedChatRequest, list[Prompt]]:
     """A decoded chat request validated, its conversations rendered with the
     server's template and kwargs and tokenized, and, for a reasoning model, where
     each prompt leaves the thinking. Raises `APIError`."""
@@ -98,7 +98,7 @@ def chat_wire_prompts(
 
 def completion_prompts(
     state: ServerState, data: bytes | str
-) -> tuple[CompletionRequest, list[Prompt]]:
+) -> tuple[ValidatedCompletionRequest, list[Prompt]]:
     """A completions body validated and its prompts tokenized (run by
     `prompts.prepare`). Raises `APIError` for a bad body or another model's name."""
     req = completion_request(
@@ -216,8 +216,8 @@ async def with_grammar(state: ServerState, req: R) -> R:
     """`req` with its grammar compiled into its sampling params (see `structured`);
     for a reasoning model, the grammar starts after the thinking, which a budget
     may cut short (see `grammar.thinking`)."""
-    setup = req.reasoning if isinstance(req, ChatRequest) else None
-    budget = req.reasoning_budget if isinstance(req, ChatRequest) else None
+    setup = req.reasoning if isinstance(req, ValidatedChatRequest) else None
+    budget = req.reasoning_budget if isinstance(req, ValidatedChatRequest) else None
     if req.grammar is None and (setup is None or budget is None):
         return req
     compiled = None
@@ -233,7 +233,7 @@ async def with_grammar(state: ServerState, req: R) -> R:
     return attrs.evolve(req, params=attrs.evolve(req.params, grammar=grammar))
 
 
-async def _respond(run: RequestRun, req: CommonRequest, shape: Shape, param: str) -> Response:
+async def _respond(run: RequestRun, req: ValidatedRequest, shape: Shape, param: str) -> Response:
     request_id = f"{shape.id_prefix}{uuid.uuid4().hex}"
     access_log.note_generation(request_id, run)
     created = int(time.time())
@@ -259,7 +259,7 @@ async def stream_response(
 
 
 async def _complete(
-    run: RequestRun, req: CommonRequest, shape: Shape, param: str, request_id: str, created: int
+    run: RequestRun, req: ValidatedRequest, shape: Shape, param: str, request_id: str, created: int
 ) -> dict[str, Any]:
     async def collect(choice: ChoiceState, delta: ChoiceDelta | None) -> None:
         if delta is not None:
@@ -288,7 +288,7 @@ class _Stream:
     def __init__(
         self,
         run: RequestRun,
-        req: CommonRequest,
+        req: ValidatedRequest,
         shape: Shape,
         param: str,
         request_id: str,

@@ -10,7 +10,7 @@ from sluiceway import protocol
 from sluiceway.api.pipeline import formatting as fmt
 from sluiceway.api.pipeline import tool_calls
 from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
-from sluiceway.api.pipeline.validation import ChatRequest, CompletionRequest
+from sluiceway.api.pipeline.validation import ValidatedChatRequest, ValidatedCompletionRequest
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.reasoning import ReasoningSplitter
 
@@ -23,7 +23,7 @@ class ChatShape:
     choice's text is split into `reasoning_content` and content by a splitter of
     its own, before any tool-call parsing of the content."""
 
-    request: ChatRequest
+    request: ValidatedChatRequest
     token_text: fmt.TokenText
     id_prefix: str = "chatcmpl-"
     chunk_type: type[protocol.ChatCompletionChunk] = protocol.ChatCompletionChunk
@@ -180,7 +180,7 @@ class ChatShape:
 
 @attrs.frozen
 class CompletionShape:
-    request: CompletionRequest
+    request: ValidatedCompletionRequest
     token_text: fmt.TokenText
     id_prefix: str = "cmpl-"
     chunk_type: type[protocol.CompletionChunk] = protocol.CompletionChunk

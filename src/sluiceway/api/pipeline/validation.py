@@ -61,8 +61,9 @@ Conversation = tuple[dict[str, Any], ...]
 
 
 @attrs.frozen(kw_only=True)
-class CommonRequest:
-    """What both generation endpoints run: `n` choices per prompt. With a
+class ValidatedRequest:
+    """A request body validated into what the pipeline runs (the wire body is the
+    `protocol` type of the same name, less `Validated`): `n` choices per prompt. With a
     `grammar`, the output must match it (`grammar_param` is where the request
     asked for it); it is compiled into `params.grammar` before the engine runs."""
 
@@ -76,7 +77,7 @@ class CommonRequest:
 
 
 @attrs.frozen(kw_only=True)
-class CompletionRequest(CommonRequest):
+class ValidatedCompletionRequest(ValidatedRequest):
     """`prompts`: each a string or a tuple of token ids, in request order."""
 
     prompts: tuple[str | tuple[int, ...], ...]
@@ -84,7 +85,7 @@ class CompletionRequest(CommonRequest):
 
 
 @attrs.frozen(kw_only=True)
-class ChatRequest(CommonRequest):
+class ValidatedChatRequest(ValidatedRequest):
     """`conversations`: one for a plain request, several for batch chat (`batched`).
 
     Each message is `{"role", "content"[, "name"]}` with string content, as chat
@@ -200,7 +201,7 @@ def prompt_list(
 
 def parse_completion_request(
     body: Any, vocab_size: int, *, max_choices: int = MAX_CHOICES
-) -> CompletionRequest:
+) -> ValidatedCompletionRequest:
     """Decode and validate a `/v1/completions` body (raw JSON, or decoded JSON); see
     `completion_request`."""
     return completion_request(
@@ -210,7 +211,7 @@ def parse_completion_request(
 
 def completion_request(
     wire: protocol.CompletionRequest, vocab_size: int, *, max_choices: int = MAX_CHOICES
-) -> CompletionRequest:
+) -> ValidatedCompletionRequest:
     """What a decoded `/v1/completions` body asks the engine for. Raises `APIError`
     (400) for token ids outside the vocabulary, fields that contradict each other,
     or when prompts x n exceeds `max_choices`."""
@@ -233,7 +234,7 @@ def completion_request(
         )
     grammar, grammar_param = output_constraint(wire)
     params = _sampling_params(wire, vocab_size, max_tokens, logprobs)
-    return CompletionRequest(
+    return ValidatedCompletionRequest(
         **common,
         params=params,
         prompts=prompts,
@@ -291,7 +292,7 @@ def parse_chat_request(
     *,
     max_choices: int = MAX_CHOICES,
     max_messages: int | None = None,
-) -> ChatRequest:
+) -> ValidatedChatRequest:
     """Decode and validate a `/v1/chat/completions` body (raw JSON, or decoded
     JSON); see `chat_request`."""
     wire = decode(body, protocol.ChatCompletionRequest)
@@ -304,7 +305,7 @@ def chat_request(
     *,
     max_choices: int = MAX_CHOICES,
     max_messages: int | None = None,
-) -> ChatRequest:
+) -> ValidatedChatRequest:
     """What a decoded `/v1/chat/completions` body asks the engine for. Raises
     `APIError` (400) for token ids outside the vocabulary, fields that contradict
     each other, when conversations x n exceeds `max_choices`, or when a
@@ -328,7 +329,7 @@ def chat_request(
             "the request's own fields say that.",
             "chat_template_kwargs",
         )
-    return ChatRequest(
+    return ValidatedChatRequest(
         **common,
         params=params,
         conversations=convs,
@@ -346,8 +347,8 @@ def chat_request(
 
 __all__ = [
     "APIError",
-    "ChatRequest",
-    "CompletionRequest",
+    "ValidatedChatRequest",
+    "ValidatedCompletionRequest",
     "chat_request",
     "check_conversation",
     "check_token_ids",

@@ -38,7 +38,7 @@ from sluiceway.api.pipeline import prompts
 from sluiceway.api.pipeline.generation import charge_and_compile, chat_prompts, stream_response
 from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, admit, run_choices
 from sluiceway.api.pipeline.shapes import ChatShape
-from sluiceway.api.pipeline.validation import ChatRequest
+from sluiceway.api.pipeline.validation import ValidatedChatRequest
 from sluiceway.api.responses.input_items import chat_body, chat_messages, input_items
 from sluiceway.api.responses.output import ResponseOutput
 from sluiceway.api.responses.store import StoredResponse
@@ -67,7 +67,7 @@ _ENDED_STREAMS_KEPT = 128
 @attrs.frozen
 class _Prepared:
     request: protocol.ResponseCreateRequest
-    chat: ChatRequest
+    chat: ValidatedChatRequest
     prompts: list[prompts.Prompt]
     history: tuple[dict[str, Any], ...]
     own_messages: list[dict[str, Any]]
