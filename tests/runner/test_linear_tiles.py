@@ -21,6 +21,24 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _tiles_for_both_dtypes():
+    """float32 layers take the kernel only when asked (see `linear._tiles_wanted`):
+    asked here, so both dtypes' packings are tested."""
+    linear.use_int8_activation_kernels(True)
+    yield
+    linear.use_int8_activation_kernels(None)
+
+
+def test_by_default_bfloat16_layers_take_the_kernel_and_float32_ones_keep_theirs():
+    linear.use_int8_activation_kernels(None)
+    for dtype, tiled in ((torch.bfloat16, True), (torch.float32, False)):
+        for quantization in ("int4", "int8"):
+            layer = Linear(torch.randn(32, 64).to(dtype), quantization=quantization)
+            assert isinstance(layer.quantized, (Int4Weight, Int8Weight))
+            assert (layer.quantized.tiled is not None) == tiled
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_layers_take_the_kernel_for_the_rows_the_quantized_path_gets(dtype, quantization):
@@ -50,10 +68,7 @@ def _dense(layer: Linear, weight: torch.Tensor) -> torch.Tensor:
 
 def test_switched_off_layers_keep_the_float_kernels():
     linear.use_int8_activation_kernels(False)
-    try:
-        layer = Linear(torch.randn(32, 64).to(torch.bfloat16), quantization="int4")
-    finally:
-        linear.use_int8_activation_kernels(None)
+    layer = Linear(torch.randn(32, 64).to(torch.bfloat16), quantization="int4")
     assert isinstance(layer.quantized, Int4Weight) and layer.quantized.tiled is None
 
 

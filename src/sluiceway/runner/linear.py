@@ -17,8 +17,8 @@ kernels win there; from about 8 rows on they lose to the dense bf16 matmul
 calls. Both compute with the same (quantized) weight values, so a sequence sees the
 same model whichever path its batch takes (in half precision the two round
 differently, a rounding apart).
-Where the CPU has integer SIMD dot products (AVX2, AVX-VNNI, AVX512-VNNI), the
-quantized weight is also repacked at construction into `native/int8_dot.c`'s
+Where the CPU has integer SIMD dot products (AVX2, AVX-VNNI, AVX512-VNNI), a
+bfloat16 quantized weight is also repacked at construction into `native/int8_dot.c`'s
 tiles, whichever way it was built (quantized here, or from a checkpoint's own
 blocks), and that kernel serves the quantized calls: it quantizes the activations
 to int8 per block of 32 and reads each weight byte once, near the memory bound
@@ -75,13 +75,17 @@ def use_int8_activation_kernels(on: bool | None) -> None:
 
 
 def _tiles_wanted(weight: torch.Tensor) -> bool:
-    """Whether a CPU weight of this dtype is packed for `int8_dot`: bfloat16 or
-    float32, and a level with integer SIMD dot products here (or forced on)."""
+    """Whether a CPU weight of this dtype is packed for `int8_dot`: by default
+    bfloat16 ones where a level with integer SIMD dot products runs here; forced
+    on, float32 ones as well. float32 keeps its float kernels by default: their
+    products are those of the stored weights to float32 rounding, which its
+    batch-size and tensor-parallel parity rests on; int8 activations move them
+    by up to half an activation step per block (`tests/runner/test_int8_dot.py`)."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
         return False
     if _int8_activation_kernels is not None:
         return _int8_activation_kernels and int8_dot_kernel.best_level() >= 0
-    return int8_dot_kernel.integer_level()
+    return weight.dtype == torch.bfloat16 and int8_dot_kernel.integer_level()
 
 
 def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
