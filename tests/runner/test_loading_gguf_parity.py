@@ -108,3 +108,45 @@ def test_a_k_quant_gguf_serves_its_dequantized_blocks(tmp_path, hf_greedy_fn, gr
     prompt = loaded.tokenizer("The capital of France is")["input_ids"]
     got, want = _greedy(loaded, prompt, hf_greedy_fn, greedy_driver_cls)
     assert got == want
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1], ids=["Q4_0", "Q4_1"])
+def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
+    """On the int4 path the layers take the file's 4-bit blocks as they are: in
+    float32 the int4 weight's codes, scales and offsets, and the dense copy beside
+    it, are the stored values exactly (q/k back in transformers' row order)."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+
+    model = _model("llama")
+    path = tmp_path / f"tiny-llama.{kind.name}.gguf"
+    write_gguf(model, path, kind)
+    bundle = load_bundle(
+        ModelConfig(model=str(path), dtype="float32", quantization="int4"),
+        EngineConfig(num_kv_blocks=16),
+        progress=False,
+    )
+    layer = bundle.runner.model.layers[1]
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "blk.1.attn_output.weight")
+    rows = int(tensor.shape[1])
+    raw = np.asarray(tensor.data).reshape(rows, -1, 18 if kind == Q.Q4_0 else 20)
+    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+    # The runtime's (q - 8) * scale + offset: Q4_0's offset 0, Q4_1's m + 8 d.
+    offsets = (
+        torch.zeros_like(d)
+        if kind == Q.Q4_0
+        else torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        + 8 * d
+    )
+    scales_and_offsets = layer.o.quantized.scales_and_offsets  # [groups, rows, 2]
+    assert torch.equal(scales_and_offsets[..., 0].T, d)
+    assert torch.equal(scales_and_offsets[..., 1].T, offsets)
+    assert torch.equal(layer.o.weight, torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+    q = _unpermute(_stored(path, "blk.1.attn_q.weight"), model.config.num_attention_heads)
+    assert torch.equal(layer.qkv.weight[: q.shape[0]], torch.from_numpy(q))
+    # Packed where the kernels look: their product is the dense one's, up to the
+    # int8 rounding of the activations where those kernels run (a misplaced code
+    # or scale would be off by the size of the product itself).
+    x = torch.randn(4, layer.o.in_features)
+    dense = x @ layer.o.weight.T
+    assert (layer.o(x) - dense).norm() < 0.05 * dense.norm()

@@ -24,6 +24,7 @@ from sluiceway.runner.checkpoint.gguf_weights import concat_blocks
 from sluiceway.runner.linear import (
     INT4_GROUP_SIZE,
     Int4Weight,
+    Int8Weight,
     Linear,
     default_quantized_max_rows,
 )
@@ -108,6 +109,31 @@ def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
     )
 
 
+# Rows of the output head quantized at a time: `Int8Weight.quantize` takes four
+# float32 copies of what it is given, a gigabyte each for a 128k-token head whole.
+_HEAD_ROWS = 8192
+
+
+def int8_head(weight: torch.Tensor) -> Linear:
+    """The output head's `Linear` on int8, as `Linear(weight, quantization="int8")`
+    builds it (one scale a row, the dense copy the dequantized rows), quantized a
+    few thousand rows at a time: rows are independent, so the result is the same."""
+    dtype = weight.dtype
+    qs, scales, dense = [], [], []
+    for start in range(0, weight.shape[0], _HEAD_ROWS):
+        part, values = Int8Weight.quantize(weight[start : start + _HEAD_ROWS])
+        qs.append(part.q)
+        scales.append(part.scales)
+        dense.append(values.to(dtype))
+    quantized = Int8Weight(q=torch.cat(qs), scales=torch.cat(scales))
+    del qs, scales
+    head = Linear(
+        torch.cat(dense), quantized_max_rows=default_quantized_max_rows(dtype, output_head=True)
+    )
+    head.quantized = quantized
+    return head
+
+
 def _linear(model, slot: str, path: tuple[int, ...]) -> Linear:
     layer = model.layers[path[0]]
     if len(path) == 2:
@@ -132,11 +158,8 @@ def adopt_int4_blocks(model, config, weights) -> int:
         view = family_for(config).weight_views(config, weights).get("lm_head")
         if view is not None:
             head = view.read(weights).to(dtype).contiguous()
-    model.lm_head = Linear(
-        head,
-        quantization="int8",
-        quantized_max_rows=default_quantized_max_rows(dtype, output_head=True),
-    )
+    model.lm_head = None  # its unquantized copy goes before the int8 one is built
+    model.lm_head = int8_head(head)
     # Quantized float32 runs the native layer ops, as `DecoderModel` picks them.
     model.ops = layer_ops_for(dtype, model.device, None, exact_float32=False)
     return count
