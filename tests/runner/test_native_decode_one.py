@@ -80,19 +80,27 @@ def _decode_logits(runner: TorchModelRunner, prompt: list[int], steps: int, call
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # qwen2: q/k/v biases
-def test_fused_steps_give_the_python_loops_logits_bit_for_bit(model, quantization, dtype, request):
+# The dtype's default kernels, and int8_dot's tiles for both dtypes.
+@pytest.mark.parametrize("tiles", [None, True], ids=["default", "tiles"])
+def test_fused_steps_give_the_python_loops_logits_bit_for_bit(
+    model, quantization, dtype, tiles, request
+):
+    from sluiceway.runner import linear
+
     hf_model = request.getfixturevalue(model)
     prompt = [5, 17, 99, 4, 203, 76, 31]
     used: dict[bool, list[int]] = {False: [], True: []}
-    logits = {
-        fused: _decode_logits(
-            _runner(hf_model, fused=fused, quantization=quantization, dtype=dtype),
-            prompt,
-            12,
-            used[fused],
-        )
-        for fused in (False, True)
-    }
+    linear.use_int8_activation_kernels(tiles)
+    try:
+        runners = {
+            fused: _runner(hf_model, fused=fused, quantization=quantization, dtype=dtype)
+            for fused in (False, True)
+        }
+    finally:
+        linear.use_int8_activation_kernels(None)
+    if tiles:
+        assert all(getattr(layer.qkv.quantized, "tiled", None) for layer in runners[True].model.layers)
+    logits = {fused: _decode_logits(runners[fused], prompt, 12, used[fused]) for fused in (False, True)}
     # The prefill runs the loop either way; every one-token step after it is fused.
     assert used[True] == [True] * 12 and not any(used[False])
     for python_loop, fused in zip(logits[False], logits[True], strict=True):
