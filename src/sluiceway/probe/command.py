@@ -49,6 +49,12 @@ def add_probe_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help=f"seconds for the whole run, shared by weight among the scenarios (default {DEFAULT_BUDGET_S:g})",
     )
+    p.add_argument(
+        "--no-metrics",
+        dest="use_metrics",
+        action="store_false",
+        help="judge by the streams alone, never reading /metrics (one shared with other traffic)",
+    )
     p.set_defaults(handler=run_probe_command)
 
 
@@ -57,7 +63,7 @@ def run_probe_command(args: argparse.Namespace) -> int:
     Ctrl-C cancels the scenario in progress (closing its streams) and reports what
     finished; exit status 0 all passed, 1 a scenario failed, 2 setup, 130 interrupted."""
     only = tuple(n.strip() for n in args.only.split(",") if n.strip())
-    config = ProbeConfig(args.url, args.model, args.api_key, args.budget, only)
+    config = ProbeConfig(args.url, args.model, args.api_key, args.budget, only, args.use_metrics)
     try:
         config.scenarios()
     except ValueError as exc:

@@ -54,6 +54,7 @@ class ProbeContext:
     client: AsyncClient
     ledger: Ledger
     bound_s: float
+    use_metrics: bool = True
     numbers: dict[str, Any] = attrs.field(factory=dict)
     records: list[StreamRecord] = attrs.field(factory=list)
     progress: str | Callable[[], str] = "starting"
@@ -117,7 +118,9 @@ class ProbeContext:
             return result
 
     async def gauges(self) -> Gauges | None:
-        return await read_gauges(self.client)
+        """The server's running/waiting gauges; None without them or when the
+        probe was told to judge by the streams alone."""
+        return await read_gauges(self.client) if self.use_metrics else None
 
     def small_buffer_client(self) -> AsyncClient:
         """A second client whose connections have a small receive buffer."""

@@ -31,13 +31,16 @@ class ProbeSetupError(Exception):
 @attrs.frozen
 class ProbeConfig:
     """``budget_s`` bounds the whole run; each scenario gets its weight's share of
-    it (``bounds()``). ``only`` picks scenarios by name, in the probe's order."""
+    it (``bounds()``). ``only`` picks scenarios by name, in the probe's order.
+    ``use_metrics=False`` judges by the streams alone, never reading /metrics
+    (one shared with other traffic, or behind other access)."""
 
     url: str
     model: str | None = None
     api_key: str | None = None
     budget_s: float = DEFAULT_BUDGET_S
     only: tuple[str, ...] = ()
+    use_metrics: bool = True
 
     def scenarios(self) -> list[Scenario]:
         unknown = [n for n in self.only if n not in BY_NAME]
@@ -122,8 +125,8 @@ async def run_scenario(
     server has running gauges, the server has let it go (or ``SETTLE_S`` passed,
     or the run's ``deadline`` came; ``numbers["server_after"]`` says which)."""
     ledger = Ledger(max_requests=scenario.max_requests)
-    ctx = ProbeContext(config.url, model, config.api_key, client, ledger, bound)
-    before = await read_gauges(client)
+    ctx = ProbeContext(config.url, model, config.api_key, client, ledger, bound, config.use_metrics)
+    before = await ctx.gauges()
     began = trio.current_time()
     verdict, reason = Verdict.FAIL, ""
     with trio.move_on_after(bound) as scope:

@@ -168,6 +168,6 @@ async def _judge_by_rate(
     verdict = after >= RECOVERY * before
     return Outcome(
         verdict,
-        f"no /metrics gauges; the kept stream went {before:.1f} -> {after:.1f} entries/s after "
+        f"judged without /metrics gauges: the kept stream went {before:.1f} -> {after:.1f} entries/s after "
         f"{DROPPED} disconnects (needs x{RECOVERY:g})",
     )
