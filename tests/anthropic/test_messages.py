@@ -367,3 +367,20 @@ async def test_http_errors_on_these_paths_take_anthropics_shape(serve_texts: Any
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
     assert wrong_method.status_code == 405
     assert wrong_method.json()["type"] == "error"
+
+
+async def test_a_last_assistant_turn_is_continued(serve_texts: Any, tokenizer: Any) -> None:
+    prefill = [*ASK, {"role": "assistant", "content": "Hello from"}]
+    async with serve_texts([" the river."]) as (server, _):
+        client = sdk(server)
+        message = await in_thread(
+            lambda: client.messages.create(model=MODEL, max_tokens=16, messages=prefill)
+        )
+        counted = await in_thread(
+            lambda: client.messages.count_tokens(model=MODEL, messages=prefill)
+        )
+    open_ended = tokenizer.apply_chat_template(prefill, tokenize=False, continue_final_message=True)
+    assert open_ended.endswith("Hello from")  # no end of turn, no new assistant turn
+    expected = len(tokenizer.encode(open_ended, add_special_tokens=False))
+    assert message.usage.input_tokens == counted.input_tokens == expected
+    assert message.content[0].text == " the river."  # type: ignore[union-attr]

@@ -289,7 +289,10 @@ async def test_responses_put_a_reasoning_item_before_the_message(serve_texts: An
 
 async def test_tokenize_renders_with_the_servers_template(serve_texts: Any) -> None:
     async with (
-        serve_texts([ANSWER], default_chat_template_kwargs={"enable_thinking": False}) as (server, _),
+        serve_texts([ANSWER], default_chat_template_kwargs={"enable_thinking": False}) as (
+            server,
+            _,
+        ),
         httpx.AsyncClient(base_url=server.url, timeout=30) as http,
     ):
         counted = await http.post("/tokenize", json={"model": MODEL, "messages": ASK})
@@ -299,3 +302,39 @@ async def test_tokenize_renders_with_the_servers_template(serve_texts: Any) -> N
             )
     assert counted.status_code == 200
     assert counted.json()["count"] == completion.usage.prompt_tokens
+
+
+async def test_continue_final_message(serve_texts: Any, tokenizer: Any) -> None:
+    prefill = [*ASK, {"role": "assistant", "content": "<think>\nIt is"}]
+    async with (
+        serve_texts([" blue.\n</think>\n\nBlue."]) as (server, _),
+        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+    ):
+        with oai(server) as client:
+            continued = await in_thread(
+                lambda: client.chat.completions.create(
+                    model=MODEL,
+                    messages=prefill,
+                    max_tokens=32,
+                    extra_body={"continue_final_message": True},
+                )
+            )
+        both = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": prefill,
+                "continue_final_message": True,
+                "add_generation_prompt": True,
+            },
+        )
+        user_last = await http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": ASK, "continue_final_message": True},
+        )
+    # The prompt opened the thinking: the output starts inside it.
+    assert continued.choices[0].message.model_extra == {"reasoning_content": "blue."}
+    assert continued.choices[0].message.content == "Blue."
+    for response in (both, user_last):
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "continue_final_message"

@@ -93,6 +93,8 @@ class ChatCompletionRequest(SamplingFields):
     # (`{"enable_thinking": false}`; every key passes through, as in vLLM), and a
     # cap on the thinking, after which its closing tag is written.
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the last (assistant) message is left open and continued.
+    continue_final_message: bool | None = None
     reasoning_effort: ReasoningEffort | None = None
     max_reasoning_tokens: NonNegative | None = None
 

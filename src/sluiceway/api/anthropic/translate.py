@@ -38,6 +38,8 @@ def chat_body(req: wire.MessageCreateRequest) -> protocol.ChatCompletionRequest:
         parallel_tool_calls=parallel,
         chat_template_kwargs=kwargs,
         max_reasoning_tokens=budget,
+        # A last assistant turn is a prefill: the answer continues it.
+        continue_final_message=req.messages[-1].role == "assistant" or None,
     )
 
 
@@ -52,6 +54,7 @@ def count_body(req: wire.CountTokensRequest) -> protocol.ChatCompletionRequest:
         tools=_tools(req.tools) if req.tools else None,
         tool_choice=tool_choice,
         chat_template_kwargs=kwargs,
+        continue_final_message=req.messages[-1].role == "assistant" or None,
     )
 
 

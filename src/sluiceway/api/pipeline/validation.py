@@ -329,6 +329,11 @@ def chat_request(
             "the request's own fields say that.",
             "chat_template_kwargs",
         )
+    add_generation_prompt = wire.add_generation_prompt is not False
+    if wire.continue_final_message:
+        add_generation_prompt = _continued(wire, convs)
+        # The renderer's own argument, set here from the request's field.
+        kwargs["continue_final_message"] = True
     return ValidatedChatRequest(
         **common,
         params=params,
@@ -336,13 +341,31 @@ def chat_request(
         batched=batched,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        add_generation_prompt=wire.add_generation_prompt is not False,
+        add_generation_prompt=add_generation_prompt,
         grammar=grammar,
         grammar_param=grammar_param,
         tool_use=tool_use,
         template_kwargs=kwargs,
         reasoning_budget=thinking_budget(as_int(wire.max_reasoning_tokens), wire.reasoning_effort),
     )
+
+
+def _continued(wire: protocol.ChatCompletionRequest, convs: Sequence[Conversation]) -> bool:
+    """`add_generation_prompt` for a request that continues its last message
+    (always False); a 400 where that cannot be."""
+    if wire.add_generation_prompt:
+        raise invalid_request(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+            "continue_final_message",
+        )
+    for conv in convs:
+        if conv[-1]["role"] != "assistant":
+            raise invalid_request(
+                "'continue_final_message' needs each conversation to end with an "
+                "assistant message to continue.",
+                "continue_final_message",
+            )
+    return False
 
 
 __all__ = [
