@@ -10,7 +10,7 @@ TORCH_CPU := torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint typecheck unit bench-engine clean
+.PHONY: install serve test lint typecheck unit bench-engine bench-load clean
 
 install: $(STAMP)
 
@@ -39,6 +39,13 @@ test: lint typecheck unit
 
 bench-engine: install
 	$(BIN)/sluiceway bench engine
+
+# Start-up of `sluiceway serve` on random-weight GGUFs of real shapes (written to
+# ~/.cache/sluiceway-bench): time to ready and first token, peak RSS, bytes written.
+LOAD_SHAPES ?= llama-3.2-1b
+LOAD_TYPES ?= Q4_0
+bench-load: install
+	$(BIN)/python benchmarks/load_real.py --shapes $(LOAD_SHAPES) --types $(LOAD_TYPES)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

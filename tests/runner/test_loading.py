@@ -142,12 +142,24 @@ def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
     assert cache_root() == tmp_path / "xdg" / "sluiceway"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3_moe"])
+# One of each registry family: streamed from safetensors, no transformers model
+# built (the per-expert tensors of qwen3_moe and Mixtral's block_sparse_moe seen
+# as the families' stacked ones).
+SAFETENSORS_FAMILIES = [
+    "llama3-rope", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "smollm3",
+    "qwen3_moe", "mixtral",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SAFETENSORS_FAMILIES)
 def test_a_sharded_checkpoint_of_another_family_loads_and_runs(
-    tmp_path, name, hf_greedy_fn, greedy_driver_cls
+    tmp_path, monkeypatch, name, hf_greedy_fn, greedy_driver_cls
 ):
     """Shards with their index file, the chat template from the tokenizer, and
-    a sliding window (Gemma 3's) that no longer caps the context."""
+    a sliding window (Gemma 3's) that no longer caps the context; the weights go
+    from the files to the runner without a transformers model in between."""
+    import transformers
+
     from family_models import tiny
     from sluiceway.runner.model_runner import TorchModelRunner
 
@@ -156,13 +168,19 @@ def test_a_sharded_checkpoint_of_another_family_loads_and_runs(
     assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
     assert (tmp_path / "model.safetensors.index.json").is_file()
     _save_tiny_tokenizer(tmp_path, model.config.vocab_size)
-    loaded = load_model(str(tmp_path), dtype="float32", progress=False)
+
+    def no_module(*args, **kwargs):
+        raise AssertionError("a transformers model was built")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(transformers.PreTrainedModel, "__init__", no_module)
+        loaded = load_model(str(tmp_path), dtype="float32", progress=False)
+        runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=32)
     assert loaded.max_model_len == model.config.max_position_embeddings
     assert loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "w5 w6"}], tokenize=False
     ) == "w5 w6 "
     prompt = [5, 17, 99, 4, 8, 15, 16, 23, 42, 9, 9]
-    runner = TorchModelRunner.from_loaded(loaded, block_size=4, num_blocks=32)
     assert greedy_driver_cls(runner).generate([prompt], 12) == [hf_greedy_fn(model, prompt, 12)]
 
 
