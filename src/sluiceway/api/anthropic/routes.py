@@ -11,10 +11,8 @@ content_block_start / _delta / _stop, message_delta, message_stop.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
-from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
@@ -33,9 +31,11 @@ from sluiceway.api.pipeline import prompts
 from sluiceway.api.pipeline.generation import (
     charge_and_compile,
     chat_wire_prompts,
+    run_streamed,
+    run_whole,
     stream_response,
 )
-from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
 from sluiceway.api.pipeline.tool_calls import ToolCallParser
 from sluiceway.api.pipeline.validation import ValidatedChatRequest
 from sluiceway.api.state import ServerState, current_state
@@ -43,8 +43,6 @@ from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.protocol import anthropic as wire
 from sluiceway.reasoning import ReasoningSplitter
 from sluiceway.transport import access_log
-from sluiceway.transport.chunk_socket import ChunkSocket
-from sluiceway.transport.connection import connection_send
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("anthropic", __name__)
@@ -118,7 +116,7 @@ class _Message:
                 body = event.to_dict()
                 self._out.put(sse.named_event(body["type"], body))
 
-    async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+    async def sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
         if delta is None:
             return
         events = self.output.feed(delta.text, len(delta.token_ids))
@@ -156,57 +154,22 @@ class _Message:
 
     async def complete(self) -> wire.Message:
         """The whole message; raises `APIError` as the chat endpoint does."""
-        run = self.run
-        try:
-            with run.state.track() as drain_scope:
-                run.drain_scope = drain_scope
-                async with AsyncExitStack() as stack:
-                    channels = await admit(run, stack, self.chat.params, "messages")
-                    with drain_scope:
-                        await run_choices(run, channels, self._sink)
-        finally:
-            run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
-        failure = run.failure()
-        if failure is not None:
-            raise failure
+        await run_whole(self.run, self.chat.params, "messages", self.sink)
         self._end()
         return self._message(final=True)
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Admit, then stream the events. Reports an admission failure through
-        `task_status` (the client still gets its status code); ends quietly when
-        cancelled (the client has gone) or when the reader has gone away."""
-        run = self.run
-        with run.state.track() as drain_scope:
-            run.drain_scope = drain_scope
-            async with AsyncExitStack() as stack:
-                try:
-                    channels = await admit(run, stack, self.chat.params, "messages")
-                except APIError as exc:
-                    task_status.started(exc)
-                    return
-                out = self._out = StreamOutput(ChunkSocket.of(connection_send()))
-                task_status.started(out)
-                try:
-                    self._send([wire.MessageStart(self._message(final=False)), wire.Ping()])
-                    with drain_scope:
-                        await run_choices(run, channels, self._sink)
-                    self._finish_stream()
-                except* (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the response body was closed: the client is gone
-                except* Exception:
-                    log.exception(
-                        "streaming message failed request_id=%s", access_log.current_request_id()
-                    )
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                        self._error(
-                            APIError(500, "Internal server error.", "internal_server_error")
-                        )
-                finally:
-                    out.close()
-                    run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+        """The message's events, as `run_streamed` runs them."""
+        await run_streamed(self.run, self.chat.params, "messages", self, task_status)
 
-    def _finish_stream(self) -> None:
+    def start(self, output: StreamOutput) -> None:
+        self._out = output
+        self._send([wire.MessageStart(self._message(final=False)), wire.Ping()])
+
+    def fail(self, error: APIError) -> None:
+        self._error(error)
+
+    def finish(self) -> None:
         failure = self.run.failure()
         if failure is not None:
             self._error(failure)

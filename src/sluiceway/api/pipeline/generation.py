@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import trio
@@ -38,7 +38,7 @@ from sluiceway.api.keys.rate_limits import (
 from sluiceway.api.pipeline import formatting as fmt
 from sluiceway.api.pipeline import prompts, structured
 from sluiceway.api.pipeline.prompts import Prompt
-from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, Sink, admit, run_choices
 from sluiceway.api.pipeline.shapes import (
     ChunkChoice,
     Shape,
@@ -55,6 +55,7 @@ from sluiceway.api.pipeline.validation import (
 from sluiceway.api.state import ServerState, current_state
 from sluiceway.engine.constraint import Grammar
 from sluiceway.engine.outputs import ChoiceDelta
+from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.grammar.thinking import ThinkingGrammar
 from sluiceway.transport import access_log
 from sluiceway.transport.chunk_socket import ChunkSocket
@@ -267,19 +268,91 @@ async def _complete(
             choice.part_tokens.append(len(delta.token_ids))
             choice.logprobs.extend(delta.logprobs)
 
+    await run_whole(run, req.params, param, collect)
+    return full_response(shape, run, request_id, created)
+
+
+async def run_whole(run: RequestRun, params: SamplingParams, param: str, sink: Sink) -> None:
+    """Admit `run`'s prompts with `params` and feed every choice's deltas to `sink`
+    until each has ended. Raises `APIError`: the engine's refusal at admission
+    (naming `param`), or what ended the run early (an engine failure, the request
+    timeout, a drain's end). Cancellation (the client gone) aborts every choice in
+    the engine before it propagates."""
     try:
         with run.state.track() as drain_scope:
             run.drain_scope = drain_scope
             async with AsyncExitStack() as stack:
-                channels = await admit(run, stack, req.params, param)
+                channels = await admit(run, stack, params, param)
                 with drain_scope:
-                    await run_choices(run, channels, collect)
+                    await run_choices(run, channels, sink)
     finally:
         run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
     failure = run.failure()
     if failure is not None:
         raise failure
-    return full_response(shape, run, request_id, created)
+
+
+class StreamWriter(Protocol):
+    """A surface's side of a stream (`run_streamed`): it writes its own events into
+    the `StreamOutput` it is given, from each choice's deltas."""
+
+    def start(self, output: StreamOutput) -> None:
+        """The request was admitted: the stream opens on `output`."""
+
+    async def sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+        """A choice opened (`delta` None) or moved on."""
+
+    def finish(self) -> None:
+        """Every choice has ended, or the run was cut (`RequestRun.failure`)."""
+
+    def fail(self, error: APIError) -> None:
+        """A bug of ours ended the stream: say so in the surface's own error event."""
+
+
+async def run_streamed(
+    run: RequestRun,
+    params: SamplingParams,
+    param: str,
+    writer: StreamWriter,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Admit `run`, then stream it through `writer`; run as a task in the
+    connection's nursery (`stream_response`). Reports through `task_status` either
+    the `APIError` of a refused admission (so the client still gets its status
+    code) or the `StreamOutput` the response body reads. Ends quietly when
+    cancelled (the client gone: every choice is aborted in the engine) or when the
+    reader has gone away; closes the output however it ends."""
+    with run.state.track() as drain_scope:
+        run.drain_scope = drain_scope
+        async with AsyncExitStack() as stack:
+            try:
+                channels = await admit(run, stack, params, param)
+            except APIError as exc:
+                task_status.started(exc)
+                return
+            # Its queue is unbounded, yet bounded by the request's own max_tokens:
+            # the consumers never wait on the socket, so the engine work ends (and
+            # its KV blocks are freed) as soon as generation does, however slow
+            # the reader.
+            output = StreamOutput(ChunkSocket.of(connection_send()))
+            task_status.started(output)
+            try:
+                writer.start(output)
+                with drain_scope:
+                    await run_choices(run, channels, writer.sink)
+                writer.finish()
+            except* (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the response body was closed: the client is gone
+            except* Exception:
+                # A bug of ours, not the client's: say so in-stream rather than cut it.
+                log.exception(
+                    "streaming request failed request_id=%s", access_log.current_request_id()
+                )
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    writer.fail(APIError(500, "Internal server error.", "internal_server_error"))
+            finally:
+                output.close()
+                run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
 
 
 class _Stream:
@@ -309,45 +382,16 @@ class _Stream:
         )
 
     async def run(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Admit, then stream. Reports an admission failure through `task_status`
-        (so the client still gets a proper status code); ends quietly when cancelled
-        (client gone) or when the reader has gone away."""
-        run = self.run_state
-        with run.state.track() as drain_scope:
-            run.drain_scope = drain_scope
-            async with AsyncExitStack() as stack:
-                try:
-                    channels = await admit(run, stack, self.req.params, self.param)
-                except APIError as exc:
-                    task_status.started(exc)
-                    return
-                # Its queue is unbounded, yet bounded by the request's own max_tokens:
-                # the consumers never wait on the socket, so the engine work ends (and
-                # its KV blocks are freed) as soon as generation does, however slow
-                # the reader.
-                self.output = StreamOutput(ChunkSocket.of(connection_send()))
-                task_status.started(self.output)
-                try:
-                    await self._stream(channels, drain_scope)
-                finally:
-                    self.output.close()
-                    run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+        """The stream, as `run_streamed` runs it."""
+        await run_streamed(self.run_state, self.req.params, self.param, self, task_status)
 
-    async def _stream(self, channels: list[Any], drain_scope: trio.CancelScope) -> None:
-        try:
-            with drain_scope:
-                await run_choices(self.run_state, channels, self._sink)
-            self._finish()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the response body was closed: the client is gone
-        except* Exception:
-            # A bug of ours, not the client's: say so in-stream rather than cut the stream.
-            log.exception("streaming request failed request_id=%s", access_log.current_request_id())
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                error = errors.APIError(500, "Internal server error.", "internal_server_error")
-                self._emit(error.body())
-                assert self.output is not None
-                self.output.put(sse.DONE)
+    def start(self, output: StreamOutput) -> None:
+        self.output = output
+
+    def fail(self, error: APIError) -> None:
+        assert self.output is not None
+        self._emit(error.body())
+        self.output.put(sse.DONE)
 
     def _emit(self, obj: Any) -> None:
         assert self.output is not None
@@ -387,7 +431,7 @@ class _Stream:
             return sse.event(self._chunk_object(choice, self.shape.text_choice(index, text)))
         return template.render(text)
 
-    async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+    async def sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
         if delta is not None and self._text_events is not None:
             text = self.shape.text_only_delta(choice, delta)
             if text is not None:  # most tokens: a chunk with text and nothing else
@@ -402,7 +446,7 @@ class _Stream:
         if body is not None:
             self._chunk(choice, body)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         run = self.run_state
         error = run.failure()
         if error is not None:

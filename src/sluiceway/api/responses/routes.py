@@ -15,11 +15,9 @@ of the connection's nursery, and leaving it aborts the choice in the engine.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
-from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
 
@@ -35,8 +33,14 @@ from sluiceway.api.http.stream_output import StreamOutput
 from sluiceway.api.keys.owners import Owner, current_owner
 from sluiceway.api.keys.rate_limits import budgeted_key
 from sluiceway.api.pipeline import prompts
-from sluiceway.api.pipeline.generation import charge_and_compile, chat_prompts, stream_response
-from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun, admit, run_choices
+from sluiceway.api.pipeline.generation import (
+    charge_and_compile,
+    chat_prompts,
+    run_streamed,
+    run_whole,
+    stream_response,
+)
+from sluiceway.api.pipeline.request_run import ChoiceState, RequestRun
 from sluiceway.api.pipeline.shapes import ChatShape
 from sluiceway.api.pipeline.validation import ValidatedChatRequest
 from sluiceway.api.responses.input_items import chat_body, chat_messages, input_items
@@ -274,7 +278,7 @@ class _Generation:
         )
         self.output = ResponseOutput()
 
-    async def _sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
+    async def sink(self, choice: ChoiceState, delta: ChoiceDelta | None) -> None:
         if delta is not None:
             body = self.shape.delta_choice(choice, delta)
             if body is not None:
@@ -325,19 +329,7 @@ class _Generation:
 
     async def complete(self) -> protocol.Response:
         """The whole response; raises `APIError` as the chat endpoint does."""
-        run = self.run
-        try:
-            with run.state.track() as drain_scope:
-                run.drain_scope = drain_scope
-                async with AsyncExitStack() as stack:
-                    channels = await admit(run, stack, self.prepared.chat.params, "input")
-                    with drain_scope:
-                        await run_choices(run, channels, self._sink)
-        finally:
-            run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
-        failure = self.run.failure()
-        if failure is not None:
-            raise failure
+        await run_whole(self.run, self.prepared.chat.params, "input", self.sink)
         return self._finished(None)
 
     def start_in_background(
@@ -389,37 +381,16 @@ class _Generation:
         return ended
 
     async def stream(self, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Admit, then stream the events. Reports an admission failure through
-        `task_status` (the client still gets its status code); ends quietly when
-        cancelled (the client has gone) or when the reader has gone away."""
-        run = self.run
-        with run.state.track() as drain_scope:
-            run.drain_scope = drain_scope
-            async with AsyncExitStack() as stack:
-                try:
-                    channels = await admit(run, stack, self.prepared.chat.params, "input")
-                except APIError as exc:
-                    task_status.started(exc)
-                    return
-                out = StreamOutput(ChunkSocket.of(connection_send()))
-                self.output = ResponseOutput(lambda e: out.put(sse.named_event(e["type"], e)))
-                task_status.started(out)
-                try:
-                    self.output.start(self.response)
-                    with drain_scope:
-                        await run_choices(run, channels, self._sink)
-                    self.output.finish(self._finished(self.run.failure()))
-                except* (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the response body was closed: the client is gone
-                except* Exception:
-                    log.exception(
-                        "streaming response failed request_id=%s", access_log.current_request_id()
-                    )
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                        error = APIError(500, "Internal server error.", "internal_server_error")
-                        out.put(
-                            sse.named_event("error", {"type": "error", **error.body()["error"]})
-                        )
-                finally:
-                    out.close()
-                    run.state.metrics.e2e.observe(trio.current_time() - run.started_at)
+        """The response's named events, as `run_streamed` runs them."""
+        await run_streamed(self.run, self.prepared.chat.params, "input", self, task_status)
+
+    def start(self, output: StreamOutput) -> None:
+        self.output = ResponseOutput(lambda e: output.put(sse.named_event(e["type"], e)))
+        self._stream_output = output
+        self.output.start(self.response)
+
+    def finish(self) -> None:
+        self.output.finish(self._finished(self.run.failure()))
+
+    def fail(self, error: APIError) -> None:
+        self._stream_output.put(sse.named_event("error", {"type": "error", **error.body()["error"]}))
