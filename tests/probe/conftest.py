@@ -4,16 +4,12 @@ grammar masks when a request has them (tool calls, structured outputs)."""
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 from grammar_runner import MaskFollowingRunner
 from sluiceway.api import RunningServer
