@@ -52,6 +52,12 @@ class ScheduledChunk:
     output_token_ids: Sequence[int] = ()
     pooling: Pooling | None = None
 
+    @property
+    def lora_id(self) -> int:
+        """The LoRA adapter every row of this chunk runs through (0: the base model):
+        a step's per-row adapter index is its chunks' ids over their token counts."""
+        return self.params.lora_id
+
 
 @attrs.frozen
 class StepBatch:

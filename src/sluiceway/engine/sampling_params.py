@@ -63,6 +63,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_as_bias)
     logprobs: int | None = None
     grammar: Grammar | None = None
+    # The LoRA adapter the tokens come from (`engine/lora_modules.py`; 0: the base
+    # model). It travels with the parameters to every chunk of the sequence, and it
+    # salts the sequence's prefix-cache keys (`Scheduler`).
+    lora_id: int = 0
 
     def __attrs_post_init__(self) -> None:
         checks: list[tuple[bool, str, str]] = [

@@ -11,18 +11,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Literal
 
 import attrs
 import torch
 
 from sluiceway.engine.batch import SampledToken, ScheduledChunk, StepBatch
+from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
 from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
 from sluiceway.runner.loading import LoadedModel
+from sluiceway.runner.lora.table import LoraTable
 from sluiceway.runner.models.architecture import ModelShape
 from sluiceway.runner.models.decoder import DecoderModel
 from sluiceway.runner.sampler import sample
@@ -194,6 +197,8 @@ class TorchModelRunner:
         self.attention: AttentionBackend = factory(self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)
         self.decode_graphs = self._build_decode_graphs(cuda_graphs, graph_batch_sizes)
+        # LoRA adapters (`enable_lora`); None: only the base model is served.
+        self.lora: LoraTable | None = None
         self.pooling: PoolingSpec | None = (
             None
             if pooling is False
@@ -286,6 +291,27 @@ class TorchModelRunner:
         )
         return graphs
 
+    def enable_lora(self, modules: LoraModules, *, max_loras: int, max_rank: int) -> LoraTable:
+        """Serve the adapters of `modules` (by the `lora_id` of each chunk), keeping
+        at most `max_loras` loaded; each is read and checked now (AdapterError
+        naming the first bad one). Steps with an adapter's rows run eagerly, never
+        through a decode graph."""
+        table = LoraTable(self.model, modules, max_loras=max_loras, max_rank=max_rank)
+        table.check_all()
+        self.lora = table
+        return table
+
+    @contextmanager
+    def _adapters(self, batch: StepBatch) -> Iterator[bool]:
+        """The model serving `batch`'s rows with their adapters while inside; yields
+        whether any row has one."""
+        rows = None if self.lora is None else self.lora.rows(batch.chunks, self.device)
+        self.model.lora_rows = rows
+        try:
+            yield rows is not None
+        finally:
+            self.model.lora_rows = None
+
     @property
     def block_size(self) -> int:
         return self.kv_cache.block_size
@@ -299,8 +325,8 @@ class TorchModelRunner:
         if not batch.chunks:
             return []
         sampling = [c for c in batch.chunks if c.sample]
-        with torch.inference_mode():
-            logits = self._logits(batch)
+        with torch.inference_mode(), self._adapters(batch) as adapted:
+            logits = self._logits(batch, graphs=not adapted)
             return sample(logits, sampling, batch.token_masks) if sampling else []
 
     def step_pooled(self, batch: StepBatch) -> tuple[list[SampledToken], list[PooledHidden]]:
@@ -309,7 +335,7 @@ class TorchModelRunner:
         float32, in chunk order. Such steps never replay a decode graph: their
         chunks are prefills."""
         sampling = [c for c in batch.chunks if c.sample]
-        with torch.inference_mode():
+        with torch.inference_mode(), self._adapters(batch):
             inputs = build_inputs(batch.chunks, self.block_size, self.model.shape.scale, self.device)
             meta = self.attention.prepare(inputs.meta)
             model = self.model
@@ -323,13 +349,13 @@ class TorchModelRunner:
     def forward_logits(self, batch: StepBatch) -> torch.Tensor:
         """The float32 logits `step` would sample from, as a new tensor (tests and
         debugging)."""
-        with torch.inference_mode():
-            return self._logits(batch).clone()
+        with torch.inference_mode(), self._adapters(batch) as adapted:
+            return self._logits(batch, graphs=not adapted).clone()
 
-    def _logits(self, batch: StepBatch) -> torch.Tensor:
+    def _logits(self, batch: StepBatch, graphs: bool = True) -> torch.Tensor:
         """Logits of the sampling rows; may be a graph's output buffer, which the
-        next step overwrites."""
-        if self.decode_graphs is not None:
+        next step overwrites (only with `graphs`)."""
+        if graphs and self.decode_graphs is not None:
             logits = self.decode_graphs.run(batch.chunks)
             if logits is not None:
                 return logits

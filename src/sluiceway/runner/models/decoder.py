@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.kv_cache import KVCache
 from sluiceway.runner.linear import Linear, default_quantized_max_rows
+from sluiceway.runner.lora.rows import LoraRows
 from sluiceway.runner.masked_attention import MaskedAttentionPlan, masked_attention
 from sluiceway.runner.models.architecture import Architecture
 from sluiceway.runner.models.layer import LayerWeights, Weights, gemma_rms_norm, layer_weights
@@ -101,6 +102,9 @@ class DecoderModel:
                 why,
             )
         self._one_token: tuple[KVCache, OneTokenDecode | None] | None = None
+        # The LoRA adapters of the step being run, row by row (`runner/lora/`), set
+        # by the runner around a forward pass; None: every row is the base model's.
+        self.lora_rows: LoraRows | None = None
         # Whether any layer may ever need masked attention: the per-step check
         # over the layers is skipped for the models (most) where none can.
         self._may_mask = arch.attn_softcap is not None or any(
@@ -164,7 +168,7 @@ class DecoderModel:
         ):
             masked = MaskedAttentionPlan(meta, attention.kv_cache)
         one_token = None
-        if input_ids.shape[0] == 1 and masked is None:
+        if input_ids.shape[0] == 1 and masked is None and self.lora_rows is None:
             one_token = self._one_token_decode(attention, meta)
         if one_token is not None:
             hidden = one_token.run(hidden, *tables[""], meta, eps)
@@ -214,7 +218,7 @@ class DecoderModel:
         for i, layer in enumerate(self.layers):
             attended = self._attention(i, layer, x, tables, attention, meta, masked)
             hidden, x = ops.add_rms_norm(hidden, attended, layer.post_norm, eps)
-            mlp = self.reduce(self._mlp(layer, x))
+            mlp = self.reduce(self._mlp(layer, x, i))
             if i < last:
                 hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[i + 1].input_norm, eps)
             else:
@@ -231,19 +235,28 @@ class DecoderModel:
             hidden = hidden + gemma_rms_norm(attended, layer.post_norm, eps)
             assert layer.pre_mlp_norm is not None and layer.post_mlp_norm is not None
             x = gemma_rms_norm(hidden, layer.pre_mlp_norm, eps)
-            mlp = self.reduce(self._mlp(layer, x))
+            mlp = self.reduce(self._mlp(layer, x, i))
             hidden = hidden + gemma_rms_norm(mlp, layer.post_mlp_norm, eps)
         return hidden
 
-    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, i: int, name: str, linear: Linear, x: torch.Tensor) -> torch.Tensor:
+        """Layer `i`'s fused linear `name` on `x`, plus the LoRA delta of each row's
+        adapter (computed apart from the weight, in the activation dtype, so a
+        quantized weight takes adapters as a dense one does)."""
+        y = linear(x)
+        if self.lora_rows is not None:
+            y = self.lora_rows.add_delta(y, x, i, name)
+        return y
+
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor, i: int) -> torch.Tensor:
         if layer.experts is not None:
             return layer.experts(x, self.ops.silu_mul)
         assert layer.gate_up is not None and layer.down is not None
-        gate_up = layer.gate_up(x)
+        gate_up = self._linear(i, "gate_up", layer.gate_up, x)
         if self.architecture.activation == "silu":
-            return layer.down(self.ops.silu_mul(gate_up))
+            return self._linear(i, "down", layer.down, self.ops.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
-        return layer.down(F.gelu(gate, approximate="tanh") * up)
+        return self._linear(i, "down", layer.down, F.gelu(gate, approximate="tanh") * up)
 
     def _one_token_decode(
         self, attention: AttentionBackend, meta: AttentionMetadata
@@ -290,7 +303,7 @@ class DecoderModel:
                     kv_written=kv_written,
                 )
 
-        qkv = layer.qkv(x)
+        qkv = self._linear(i, "qkv", layer.qkv, x)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         if arch.llama_layers:
             cache = attention.kv_cache
@@ -306,7 +319,7 @@ class DecoderModel:
             if fused is not None:
                 q, k, v = fused
                 out = attend(i, q, k, v, meta, kv_written=True)
-                return self.reduce(layer.o(out.reshape(-1, q_size)))
+                return self.reduce(self._linear(i, "o", layer.o, out.reshape(-1, q_size)))
         heads = s.num_heads + s.num_kv_heads
         qk = qkv[:, : q_size + kv_size].view(-1, heads, s.head_dim)
         v = qkv[:, q_size + kv_size :].view(-1, s.num_kv_heads, s.head_dim)
@@ -324,4 +337,4 @@ class DecoderModel:
             qk = apply_rope(qk, cos, sin)
         q, k = qk.split([s.num_heads, s.num_kv_heads], dim=1)
         out = attend(i, q, k, v, meta)
-        return self.reduce(layer.o(out.reshape(-1, q_size)))
+        return self.reduce(self._linear(i, "o", layer.o, out.reshape(-1, q_size)))
