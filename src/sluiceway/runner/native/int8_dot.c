@@ -303,7 +303,10 @@ static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
             for (int r = 0; r < rows; ++r) {
                 const int8_t *x = a->xq + (r0 + r) * groups * BLOCK + g * BLOCK;
                 lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], lo, _mm512_set1_epi32(load_i32(x + 4 * s)));
-                hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, _mm512_set1_epi32(load_i32(x + 16 + 4 * s)));
+                /* Two chains for one row, one per row for more (as in int8_tile_512). */
+                const __m512i high = _mm512_set1_epi32(load_i32(x + 16 + 4 * s));
+                if (rows == 1) hi_sum[r] = _mm512_dpbusd_epi32(hi_sum[r], hi, high);
+                else lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], hi, high);
             }
         }
         const __m512 scales = load_scales512(piece + 256, scale_bytes);
@@ -312,8 +315,8 @@ static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
             const int64_t at = (r0 + r) * groups + g;
             const float d = a->dx[at];
             const int32_t sx = a->sx[at];
-            const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(lo_sum[r], hi_sum[r]),
-                                                 _mm512_set1_epi32(8 * sx));
+            const __m512i both = rows == 1 ? _mm512_add_epi32(lo_sum[r], hi_sum[r]) : lo_sum[r];
+            const __m512i sum = _mm512_sub_epi32(both, _mm512_set1_epi32(8 * sx));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scales, _mm512_set1_ps(d)), acc[r]);
             acc[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(d * (float)sx), acc[r]);
         }
@@ -329,13 +332,17 @@ static AVX512 void int8_tile_512(const Quantized *a, int64_t r0, const int rows,
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *piece = w + b * 512;
         for (int c = 0; c < 8; ++c) _mm_prefetch((const char *)(piece + 4 * 512 + 64 * c), _MM_HINT_T0);
+        /* Two chains of vpdpbusd for one row (its latency, not its throughput,
+         * bounds a single chain); one per row for more rows, whose chains
+         * interleave anyway and whose registers run out with two. */
+        const int chains = rows == 1 ? 2 : 1;
         __m512i sum[MAX_ROWS][2];
         for (int r = 0; r < rows; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_si512();
         for (int c = 0; c < 8; ++c) {
             const __m512i bytes = _mm512_loadu_si512(piece + 64 * c);
             for (int r = 0; r < rows; ++r) {
                 const int8_t *x = a->xq + (r0 + r) * blocks * BLOCK + b * BLOCK;
-                sum[r][c & 1] = _mm512_dpbusd_epi32(sum[r][c & 1], bytes, _mm512_set1_epi32(load_i32(x + 4 * c)));
+                sum[r][c % chains] = _mm512_dpbusd_epi32(sum[r][c % chains], bytes, _mm512_set1_epi32(load_i32(x + 4 * c)));
             }
         }
         for (int r = 0; r < rows; ++r) {
