@@ -85,7 +85,9 @@ def _tokenizer_fields(vocab: int):
         if field.name == "tokenizer.ggml.tokens":
             value = value + [f"<|reserved_{i}|>" for i in range(vocab - len(value))]
         elif field.name == "tokenizer.ggml.token_type":
-            value = value + [4] * (vocab - len(value))  # user-defined tokens
+            # Plain vocabulary entries, as a real vocabulary's are (added tokens,
+            # which a tokenizer matches one by one, would slow its start-up).
+            value = value + [1] * (vocab - len(value))
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
         yield field.name, value, vtype, sub

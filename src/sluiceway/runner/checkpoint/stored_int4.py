@@ -14,6 +14,7 @@ int4 path everywhere (`models.decoder`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from sluiceway.runner.linear import (
 )
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.weights import WeightView
+from sluiceway.runner.native.int8_dot import pack_int4_tiles
 from sluiceway.runner.native.layer_ops import layer_ops_for
 from sluiceway.runner.native.quantized_matmul_f32 import (
     pack_int4_f32,
@@ -88,14 +90,26 @@ def _blocks(weights, view: WeightView) -> Int4Blocks:
     return weights[view.name].int4_blocks(index)
 
 
+@functools.cache
+def _tiles_packed(dtype: torch.dtype) -> bool:
+    """Whether `Int4Weight.quantize` packs a weight of `dtype` for the
+    int8-activation kernels here (asked of a 16x64 weight once)."""
+    return Int4Weight.quantize(torch.ones(16, 64, dtype=dtype))[0].tiled is not None
+
+
 def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
     """`blocks` in the runtime int4 layouts of `dtype`, as `Int4Weight.quantize`
-    would pack the same codes, scales and offsets."""
+    would pack the same codes, scales and offsets: the int8-activation kernels'
+    tiles where it would pack those, else the native kernel's layout where one
+    serves `dtype`, and torch's packing always."""
     cols = blocks.codes.shape[1]
     scale = blocks.scales.to(dtype).float()
     offset = blocks.offsets.to(dtype).float()
-    native = None
-    if cols % 64 == 0:
+    native = tiled = None
+    if _tiles_packed(dtype):
+        scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+        tiled = pack_int4_tiles(blocks.codes, scale, offset, scale_dtype)
+    elif cols % 64 == 0:
         if dtype == torch.bfloat16 and int4_matvec_available(cols):
             native = pack_int4(blocks.codes, scale, offset)
         elif dtype == torch.float32 and quantized_matmul_f32_available():
@@ -106,6 +120,7 @@ def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
         scales_and_offsets=sz.transpose(0, 1).contiguous().to(dtype),
         group_size=INT4_GROUP_SIZE,
         native=native,
+        tiled=tiled,
     )
 
 
