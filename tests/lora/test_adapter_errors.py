@@ -83,5 +83,5 @@ def test_a_bad_adapter_is_refused_naming_the_problem(tmp_path, kwargs, message):
 
 def test_a_directory_without_a_config_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(AdapterError, match="has no adapter_config.json"):
+    with pytest.raises(AdapterError, match=r"has no adapter_config\.json"):
         enable(tmp_path / "empty")

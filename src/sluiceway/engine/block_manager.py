@@ -37,6 +37,13 @@ def chain_hash(key: BlockKey) -> int:
     return hash(key)
 
 
+def root_hash(lora_id: int) -> int:
+    """The parent hash of a chain's first block: 0 for the base model, a salt of
+    its own for each LoRA adapter, so the same tokens under two adapters (or an
+    adapter and the base model) never share a key."""
+    return 0 if lora_id == 0 else hash(("lora", lora_id))
+
+
 @attrs.define
 class BlockManager:
     """Hands out KV blocks and shares full blocks between identical prefixes.
@@ -49,7 +56,8 @@ class BlockManager:
     `event_sink`, when set, receives the prefix cache's lifecycle (see
     `kv_events`): a `BlockStored` when a block is registered under a new key, a
     `BlockRemoved` when a cached block is evicted, `AllBlocksCleared` from
-    `reset_prefix_cache`. The root of a chain (parent hash 0) has no parent.
+    `reset_prefix_cache`. The root of a chain (parent hash `root_hash`) has no
+    parent; a block of an adapter's chain carries its `lora_id`.
     """
 
     num_blocks: int
@@ -115,7 +123,7 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def register(self, block_id: int, key: BlockKey) -> None:
+    def register(self, block_id: int, key: BlockKey, lora_id: int = 0) -> None:
         """Record that `block_id` holds (or, within the current step, will hold) `key`.
 
         A key already cached by another block keeps its first block.
@@ -131,9 +139,10 @@ class BlockManager:
             self.event_sink(
                 BlockStored(
                     (external_hash(chain_hash(key)),),
-                    external_hash(parent) if parent else None,
+                    None if parent == root_hash(lora_id) else external_hash(parent),
                     tokens,
                     self.block_size,
+                    lora_id or None,
                 )
             )
 

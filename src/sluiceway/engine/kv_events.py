@@ -35,6 +35,8 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    # The LoRA adapter whose keys and values they hold (None: the base model's).
+    lora_id: int | None = None
 
 
 @attrs.frozen

@@ -7,10 +7,8 @@ from collections.abc import Hashable
 
 import attrs
 
-from sluiceway.engine.block_manager import BlockManager, block_key, chain_hash
+from sluiceway.engine.block_manager import BlockManager, block_key, chain_hash, root_hash
 from sluiceway.engine.sequence import Sequence, SequenceStatus
-
-_ROOT_HASH = 0
 
 
 @attrs.frozen
@@ -337,7 +335,7 @@ class Scheduler:
         full_blocks = num_scheduled_tokens // self.block_size
         self._extend_hashes(seq, full_blocks)
         for i in range(seq.num_registered_blocks, full_blocks):
-            self.blocks.register(seq.block_ids[i], self._key(seq, i))
+            self.blocks.register(seq.block_ids[i], self._key(seq, i), seq.params.lora_id)
         seq.num_registered_blocks = max(seq.num_registered_blocks, full_blocks)
 
     def _extend_hashes(self, seq: Sequence, full_blocks: int) -> None:
@@ -345,7 +343,10 @@ class Scheduler:
             seq.block_hashes.append(chain_hash(self._key(seq, len(seq.block_hashes))))
 
     def _key(self, seq: Sequence, block_index: int) -> tuple[int, tuple[int, ...]]:
-        parent = seq.block_hashes[block_index - 1] if block_index else _ROOT_HASH
+        # An adapter's chains start from a root of their own: the same tokens under
+        # two adapters, or under an adapter and the base model, never share blocks.
+        root = root_hash(seq.params.lora_id)
+        parent = seq.block_hashes[block_index - 1] if block_index else root
         start = block_index * self.block_size
         return block_key(parent, seq.token_ids[start : start + self.block_size])
 

@@ -33,7 +33,7 @@ def event_map(event: KVCacheEvent) -> dict[str, Any]:
             "parent_block_hash": event.parent_block_hash,
             "token_ids": list(event.token_ids),
             "block_size": event.block_size,
-            "lora_id": None,
+            "lora_id": event.lora_id,
             "medium": MEDIUM,
             "lora_name": None,
         }
