@@ -14,6 +14,7 @@ from sluiceway.chat_templates import load_chat_template, parse_template_kwargs
 from sluiceway.config import KeyBudget, ServerConfig
 from sluiceway.flags import (
     add_engine_flags,
+    add_lora_flags,
     add_model_flags,
     engine_config,
     model_config,
@@ -70,6 +71,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="the same as --model")
     add_model_flags(p)
+    add_lora_flags(p)
     add_hub_flags(p)
     add_engine_flags(p)
     g = p.add_argument_group("server")

@@ -100,7 +100,9 @@ class ModelConfig:
     (`runner/tensor_parallel/quantization.py`). "none" (or None) never
     quantizes. On CUDA, decode steps replay CUDA graphs unless `enforce_eager`.
     `tensor_parallel_size` > 1 splits the model over that many rank processes
-    (docs/tensor-parallel.md)."""
+    (docs/tensor-parallel.md). `lora_modules` are LoRA adapters served beside the
+    base model, (name, PEFT directory) each, at most `max_loras` loaded at once and
+    none of rank above `max_lora_rank` (docs/lora.md)."""
 
     model: str | None = None
     dtype: DType = "auto"
@@ -109,6 +111,9 @@ class ModelConfig:
     quantization: QuantizationMode | None = "auto"
     enforce_eager: bool = False
     tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    max_loras: int = attrs.field(default=1, validator=_positive)
+    max_lora_rank: int = attrs.field(default=16, validator=_positive)
 
 
 @attrs.frozen

@@ -103,6 +103,44 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def lora_module(text: str) -> tuple[str, str]:
+    """An argparse type: `NAME=PATH` -> (name, path)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"not NAME=PATH: {text!r}")
+    return name.strip(), path.strip()
+
+
+def add_lora_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the LoRA flags `model_config` reads, as a "LoRA adapters" group."""
+    group = parser.add_argument_group("LoRA adapters")
+    group.add_argument(
+        "--lora-modules",
+        type=lora_module,
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters served beside the base model, each a PEFT directory "
+        "(adapter_config.json + adapter_model.safetensors); a request's `model` picks one "
+        "by NAME, and /v1/models lists each with the base model as its parent",
+    )
+    group.add_argument(
+        "--max-loras",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="LoRA adapters kept loaded at once, least recently used dropped first; a step "
+        "may hold more, which are then loaded for it (default 1)",
+    )
+    group.add_argument(
+        "--max-lora-rank",
+        type=positive_int,
+        default=16,
+        metavar="R",
+        help="refuse adapters of a higher rank (default 16)",
+    )
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """Add the flags `engine_config` reads, as an "engine" group."""
     group = parser.add_argument_group("engine")
@@ -179,6 +217,9 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         quantization=args.quantization,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
+        lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
+        max_loras=getattr(args, "max_loras", 1),
+        max_lora_rank=getattr(args, "max_lora_rank", 16),
     )
 
 

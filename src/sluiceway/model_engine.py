@@ -13,6 +13,7 @@ import attrs
 
 from sluiceway.config import EngineConfig, ModelConfig
 from sluiceway.engine.core import EngineCore
+from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.step_threads import CallingThread, ModelThread, StepThread
 
 if TYPE_CHECKING:
@@ -31,12 +32,14 @@ class ModelBundle:
     work (None: the caller's thread). Steps should run on that same thread. The
     runner is a `TorchModelRunner`, or a `TensorParallelRunner` with a
     tensor-parallel size above 1 (then `loaded` holds no weights: the ranks do).
-    `quantization` is the weight path the runner took (None: unquantized)."""
+    `quantization` is the weight path the runner took (None: unquantized);
+    `lora_modules` the LoRA adapters it serves by name."""
 
     loaded: LoadedModel
     runner: TorchModelRunner | TensorParallelRunner
     thread: StepThread | None = None
     quantization: str | None = None
+    lora_modules: LoraModules = attrs.field(factory=LoraModules)
 
     @property
     def name(self) -> str:
@@ -106,6 +109,8 @@ def load_bundle(
         choice.reason,
     )
     if model.tensor_parallel_size > 1:
+        if model.lora_modules:
+            raise ModelLoadError("LoRA adapters are not served with tensor parallelism")
         ranks = _start_ranks(loaded, model, engine, device, choice.quantization)
         return ModelBundle(loaded, ranks, quantization=choice.quantization)
     from_blocks = (
@@ -115,12 +120,33 @@ def load_bundle(
     )
     logger.info("%s: %s", loaded.name, stored_types_report(loaded, choice.quantization, from_blocks))
     runner = _build_runner(loaded, model, engine, device, attention, choice.quantization, from_blocks)
+    lora_modules = _enable_lora(runner, model)
     if keep_module:
         from sluiceway.runner.checkpoint.reference import transformers_module
 
         loaded.module = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=loaded.dtype)
     loaded.weights_in_place()
-    return ModelBundle(loaded, runner, quantization=choice.quantization)
+    return ModelBundle(
+        loaded, runner, quantization=choice.quantization, lora_modules=lora_modules
+    )
+
+
+def _enable_lora(runner: TorchModelRunner, model: ModelConfig) -> LoraModules:
+    """The adapters of `model.lora_modules`, each read and checked on `runner`
+    (ModelLoadError naming the first bad one)."""
+    from sluiceway.runner.loading import ModelLoadError
+    from sluiceway.runner.lora import AdapterError
+
+    try:
+        modules = LoraModules.of(dict(model.lora_modules))
+        if len(modules) != len(model.lora_modules):
+            raise ValueError("two LoRA adapters have the same name")
+        if modules:
+            runner.enable_lora(modules, max_loras=model.max_loras, max_rank=model.max_lora_rank)
+            logger.info("LoRA adapters: %s", ", ".join(m.name for m in modules))
+    except (AdapterError, ValueError) as exc:
+        raise ModelLoadError(str(exc)) from None
+    return modules
 
 
 def _build_runner(
@@ -234,6 +260,7 @@ def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
         max_model_len=bundle.loaded.max_model_len,
         model_thread=bundle.thread,
         openmp_pool_release=find_openmp_pool_release() if moves else None,
+        lora_modules=bundle.lora_modules,
     )
 
 

@@ -143,10 +143,16 @@ class ServerState:
         size = len(self.engine.tokenizer)
         return size if self.model_vocab_size is None else min(size, self.model_vocab_size)
 
-    def check_model(self, name: str | None) -> None:
-        """Raise the 404 a request naming another model gets (None names this one)."""
-        if name is not None and name != self.model_name:
+    def check_model(self, name: str | None) -> int:
+        """The LoRA adapter a request's model `name` picks (`SamplingParams.lora_id`;
+        0: the base model, which None also names); raises the 404 a request naming
+        another model gets."""
+        if name is None or name == self.model_name:
+            return 0
+        module = self.engine.lora_modules.named(name)
+        if module is None:
             raise model_not_found(name)
+        return module.lora_id
 
     def check_accepting(self) -> None:
         """Raise the 503 a new generation request gets while draining or unhealthy."""

@@ -32,6 +32,7 @@ from sluiceway.engine.core import EngineCore, EngineStats
 from sluiceway.engine.errors import EngineUnhealthyError, QueueFullError
 from sluiceway.engine.hold_back import HoldBack
 from sluiceway.engine.kv_events import KVEventSink
+from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.outputs import ChoiceDelta
 from sluiceway.engine.pooling import Pooling, PoolingSpec
 from sluiceway.engine.sampling_params import SamplingParams
@@ -79,6 +80,7 @@ class Engine:
         max_model_len: int,
         model_thread: StepThread | None = None,
         openmp_pool_release: Callable[[], None] | None = None,
+        lora_modules: LoraModules | None = None,
     ) -> None:
         """`model_thread` runs the steps; pass the thread that loaded the model (see
         `model_thread.py`): the engine then owns it and stops it when `run` ends.
@@ -88,8 +90,10 @@ class Engine:
         run on the event loop's thread too; each time steps move between
         the threads, the one they leave first runs `openmp_pool_release` (the
         builder passes `sluiceway.runner.openmp_teams.find_openmp_pool_release()`;
-        without one, steps never move)."""
+        without one, steps never move). `lora_modules` are the LoRA adapters the
+        runner serves, by the name a request gives (`SamplingParams.lora_id`)."""
         self.tokenizer = tokenizer
+        self.lora_modules = lora_modules if lora_modules is not None else LoraModules()
         if model_thread is None:
             model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
         self._placement = StepPlacement(
@@ -224,13 +228,18 @@ class Engine:
                 self._inbox_send.send_nowait(_AbortRequest(request_id))
 
     async def embed(
-        self, prompt_token_ids: Sequence[int], *, group: Hashable = None, background: bool = False
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        group: Hashable = None,
+        background: bool = False,
+        lora_id: int = 0,
     ) -> ChoiceDelta:
         """The embedding of one prompt: its final delta, whose `embedding` is the
         model's pooled hidden state (`pooling`, not normalized) and whose counts give
         the prompt's tokens. The prompt is scheduled, chunked and batched like any
         other, as one prefill-only sequence; `group` and `background` as for
-        `generate`.
+        `generate`; `lora_id` names the LoRA adapter to run it through (0: none).
 
         Raises on entry as `generate` does, ValueError when the runner makes no
         embeddings, and EngineUnhealthyError when the engine fails before the
@@ -241,7 +250,7 @@ class Engine:
             raise ValueError("this model runner does not produce embeddings")
         request_id, (receiver,) = self._submit(
             prompt_token_ids,
-            SamplingParams(max_tokens=1),
+            SamplingParams(max_tokens=1, lora_id=lora_id),
             1,
             group,
             self.pooling.pooling,

@@ -18,9 +18,13 @@ class Model(Wire):
     owned_by: str = "sluiceway"
     object: str = "model"
     max_model_len: int | None = None  # vLLM-style extension
+    # vLLM's too: where the model was loaded from, and for a LoRA adapter the
+    # base model it runs on.
+    root: str | None = None
+    parent: str | None = None
 
-    wire_order = ("id", "object", "created", "owned_by", "max_model_len")
-    wire_omit_none = frozenset({"max_model_len"})
+    wire_order = ("id", "object", "created", "owned_by", "root", "parent", "max_model_len")
+    wire_omit_none = frozenset({"max_model_len", "root", "parent"})
     wire_decode_defaults = MappingProxyType({"owned_by": ""})
 
 

@@ -76,14 +76,16 @@ async def _embeddings(
         state.rate_limits, key, tokens, model=state.model_name, wait=background
     )
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    pooled = await _embed(state, ready, started, background, charge)
+    lora_id = state.check_model(req.model)  # checked in `_inputs` already
+    pooled = await _embed(state, ready, started, background, charge, lora_id)
     dimensions = req.dimensions or spec.hidden_size
     base64_floats = req.encoding_format == "base64"
     data_out = [
         Embedding(i, _encoded(_normalized(vector[:dimensions]), base64_floats))
         for i, vector in enumerate(pooled)
     ]
-    return EmbeddingList(data_out, state.model_name, EmbeddingUsage(tokens, tokens)).to_dict()
+    model = (req.model if lora_id else None) or state.model_name
+    return EmbeddingList(data_out, model, EmbeddingUsage(tokens, tokens)).to_dict()
 
 
 def _inputs(
@@ -137,6 +139,7 @@ async def _embed(
     started: float,
     background: bool,
     charge: TokenCharge,
+    lora_id: int = 0,
 ) -> list[tuple[float, ...]]:
     """Every input's pooled vector, in input order. Raises the `APIError` of the
     first input the engine refused or failed (429 queue full, 503; the `charge`
@@ -149,7 +152,9 @@ async def _embed(
 
     async def embed_one(index: int, prompt: Prompt, cancel: trio.CancelScope) -> None:
         try:
-            delta = await engine.embed(prompt.token_ids, group=group, background=background)
+            delta = await engine.embed(
+                prompt.token_ids, group=group, background=background, lora_id=lora_id
+            )
         except QueueFullError:
             failure.append(errors.queue_full())
         except EngineUnhealthyError:

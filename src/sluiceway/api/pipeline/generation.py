@@ -83,7 +83,7 @@ def chat_wire_prompts(
         max_choices=state.server_config.max_choices_per_request,
         max_messages=state.engine.max_model_len,
     )
-    state.check_model(req.model)
+    req = with_adapter(req, state.check_model(req.model))
     tok = state.tokenizer
     tools = req.tool_use.tools if req.tool_use is not None else ()
     config = state.server_config
@@ -107,8 +107,15 @@ def completion_prompts(
         state.vocab_size,
         max_choices=state.server_config.max_choices_per_request,
     )
-    state.check_model(req.model)
+    req = with_adapter(req, state.check_model(req.model))
     return req, prompts.completion_prompts(state.tokenizer, req.prompts, req.echo)
+
+
+def with_adapter(req: R, lora_id: int) -> R:
+    """`req` generating through LoRA adapter `lora_id` (0: the base model)."""
+    if not lora_id:
+        return req
+    return attrs.evolve(req, params=attrs.evolve(req.params, lora_id=lora_id))
 
 
 Parse = Callable[[ServerState, bytes | str], tuple[R, list[Prompt]]]
@@ -127,7 +134,14 @@ async def generate(parse: Parse[R], shape: MakeShape[R], param: str) -> Response
     state.check_accepting()
     data = await request.get_data(cache=False)
     req, ready, charge = await _prepare(state, data, parse, param, budgeted_key())
-    run = RequestRun(state=state, prompts=ready, n=req.n, started_at=started, charge=charge)
+    run = RequestRun(
+        state=state,
+        prompts=ready,
+        n=req.n,
+        started_at=started,
+        charge=charge,
+        adapter_name=req.model if req.params.lora_id else None,
+    )
     try:
         return await _respond(run, req, shape(req, state.token_text), param)
     except BaseException:
@@ -201,7 +215,13 @@ async def _answer(
 ) -> dict[str, Any]:
     req, ready, charge = await _prepare(state, data, parse, param, key, background=True)
     run = RequestRun(
-        state=state, prompts=ready, n=req.n, started_at=started, background=True, charge=charge
+        state=state,
+        prompts=ready,
+        n=req.n,
+        started_at=started,
+        background=True,
+        charge=charge,
+        adapter_name=req.model if req.params.lora_id else None,
     )
     try:
         if req.stream:
@@ -409,7 +429,7 @@ class _Stream:
             usage = fmt.usage(len(choice.prompt.token_ids), choice.num_output_tokens)
         return self.shape.chunk_type(
             id=self.request_id,
-            model=self.run_state.state.model_name,
+            model=self.run_state.served_name,
             choices=[body],  # type: ignore[list-item]
             created=self.created,
             usage=usage,
@@ -454,7 +474,7 @@ class _Stream:
         elif self.req.stream_options.include_usage:
             chunk = self.shape.chunk_type(
                 id=self.request_id,
-                model=run.state.model_name,
+                model=run.served_name,
                 choices=[],
                 created=self.created,
                 usage=self.shape.usage(run),

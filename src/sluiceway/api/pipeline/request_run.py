@@ -75,6 +75,13 @@ class RequestRun:
     background: bool = False
     # What the key was charged before the run; `settle` makes it what the run used.
     charge: TokenCharge | None = None
+    # The LoRA adapter's name when the request picked one (its responses say it).
+    adapter_name: str | None = None
+
+    @property
+    def served_name(self) -> str:
+        """The model name the responses give: the adapter's, or the base model's."""
+        return self.adapter_name or self.state.model_name
 
     @property
     def timed_out(self) -> bool:

@@ -165,7 +165,9 @@ class ChatShape:
         if splitter is None:
             return choice.text, None
         content, reasoning = [], []
-        for part, count in zip(choice.text_parts, choice.part_tokens, strict=False):
+        # Every part is split; a part whose tokens were not recorded counts none.
+        counts = [*choice.part_tokens, *[0] * (len(choice.text_parts) - len(choice.part_tokens))]
+        for part, count in zip(choice.text_parts, counts, strict=False):
             split = splitter.feed(part, count)
             content.append(split.content)
             reasoning.append(split.reasoning)
@@ -245,7 +247,7 @@ def full_response(shape: Shape, run: RequestRun, request_id: str, created: int) 
     choices = [shape.final_choice(c) for c in sorted(run.choices, key=lambda c: c.index)]
     response = shape.full_response(
         id=request_id,
-        model=run.state.model_name,
+        model=run.served_name,
         choices=choices,
         created=created,
         usage=shape.usage(run),

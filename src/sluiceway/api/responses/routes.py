@@ -103,7 +103,10 @@ async def create_response() -> Response:
     prepared = _Prepared(
         req, chat, ready, history, chat_messages(req.input), tuple(input_items(req.input)), owner
     )
-    run = RequestRun(state=state, prompts=ready, n=1, started_at=started, charge=charge)
+    adapter = chat.model if chat.params.lora_id else None
+    run = RequestRun(
+        state=state, prompts=ready, n=1, started_at=started, charge=charge, adapter_name=adapter
+    )
     generation = _Generation(run, prepared)
     access_log.note_generation(generation.response.id, run)
     if req.background:
@@ -262,7 +265,7 @@ class _Generation:
         self.response = protocol.Response(
             id=f"resp_{uuid.uuid4().hex}",
             created_at=int(time.time()),
-            model=run.state.model_name,
+            model=run.served_name,
             status="in_progress",
             instructions=req.instructions,
             max_output_tokens=None if req.max_output_tokens is None else int(req.max_output_tokens),

@@ -25,22 +25,36 @@ async def health() -> Response:
     return json_response(body, status)
 
 
-def _model_card(state: ServerState) -> protocol.Model:
-    return protocol.Model(
+def _model_cards(state: ServerState) -> list[protocol.Model]:
+    """The base model's card, then each LoRA adapter's, whose parent is the base
+    model (as vLLM lists them)."""
+    base = protocol.Model(
         id=state.model_name, created=state.created, max_model_len=state.engine.max_model_len
     )
+    adapters = [
+        protocol.Model(
+            id=m.name,
+            created=state.created,
+            root=m.path,
+            parent=state.model_name,
+            max_model_len=state.engine.max_model_len,
+        )
+        for m in state.engine.lora_modules
+    ]
+    return [base, *adapters]
 
 
 @blueprint.get("/v1/models")
 async def models() -> Response:
-    return json_response(protocol.ModelList([_model_card(current_state())]).to_dict())
+    return json_response(protocol.ModelList(_model_cards(current_state())).to_dict())
 
 
 @blueprint.get("/v1/models/<path:model>")
 async def model(model: str) -> Response:
     state = current_state()
     state.check_model(model)
-    return json_response(_model_card(state).to_dict())
+    card = next(c for c in _model_cards(state) if c.id == model)
+    return json_response(card.to_dict())
 
 
 @blueprint.get("/metrics")

@@ -1,0 +1,160 @@
+"""LoRA adapters through the OpenAI API: a request's `model` picks an adapter on
+completions, chat and Responses, /v1/models lists each with the base model as its
+parent, and each adapter's greedy tokens are peft's. An unknown name is a 404."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import openai
+import peft
+import pytest
+import torch
+import trio
+from lora_models import peft_greedy
+
+from sluiceway.api.serve import serve_async
+from sluiceway.config import EngineConfig, ServerConfig
+from sluiceway.engine.engine import Engine
+from sluiceway.engine.lora_modules import LoraModules
+from sluiceway.runner.model_runner import TorchModelRunner
+from tiny_models import TINY_LLAMA
+
+BASE = "tiny-base"
+PROMPT = [1, 504, 2130, 314, 253, 3811, 28]
+MAX_NEW = 8
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    with trio.fail_after(60):
+        return await trio.to_thread.run_sync(fn)
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny random Llama over the SmolLM2 vocabulary and two peft adapters on it,
+    saved as PEFT directories: {"base": model, "a": peft model, "b": ..., "dirs"}."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**TINY_LLAMA, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
+    base = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in base.parameters():
+            if p.dim() > 1:  # norm scales stay at one
+                p.normal_(0, 0.3)
+    base.generation_config.eos_token_id = None
+    out: dict[str, Any] = {"base": base, "dirs": {}}
+    for seed, name in enumerate(("a", "b"), start=1):
+        lora = peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"],
+            init_lora_weights=False,
+        )
+        model = peft.get_peft_model(copy.deepcopy(base), lora).eval()
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param_name, p in model.named_parameters():
+                if "lora_" in param_name:
+                    p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+        path = tmp_path_factory.mktemp("adapters") / name
+        model.save_pretrained(str(path))
+        out[name], out["dirs"][name] = model, str(path)
+    return out
+
+
+@pytest.fixture
+async def server(models: dict[str, Any], tokenizer: Any):
+    base = models["base"]
+    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
+    modules = LoraModules.of(models["dirs"])
+    runner.enable_lora(modules, max_loras=2, max_rank=16)
+    engine = Engine(
+        runner,
+        tokenizer,
+        EngineConfig(),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        max_model_len=256,
+        lora_modules=modules,
+    )
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(
+            partial(
+                serve_async,
+                engine,
+                server_config=ServerConfig(host="127.0.0.1", port=0),
+                model_name=BASE,
+            )
+        )
+        yield running
+        nursery.cancel_scope.cancel()
+
+
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+async def test_models_lists_each_adapter_with_the_base_as_parent(server, models):
+    listed = await in_thread(lambda: client(server).models.list().data)
+    assert [m.id for m in listed] == [BASE, "a", "b"]
+    parents = [getattr(m, "parent", None) for m in listed]
+    assert parents == [None, BASE, BASE]
+    assert getattr(listed[1], "root", None) == models["dirs"]["a"]
+    one = await in_thread(lambda: client(server).models.retrieve("b"))
+    assert (one.id, getattr(one, "parent", None)) == ("b", BASE)
+
+
+async def test_each_adapter_answers_with_its_own_tokens(server, models, tokenizer):
+    def complete(model: str) -> Any:
+        return client(server).completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=MAX_NEW,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
+
+    results: dict[str, Any] = {}
+
+    async def one(model: str) -> None:
+        results[model] = await in_thread(lambda: complete(model))
+
+    # All three at once, so the engine may batch them into shared steps.
+    async with trio.open_nursery() as nursery:
+        for model in (BASE, "a", "b"):
+            nursery.start_soon(one, model)
+    texts = {m: r.choices[0].text for m, r in results.items()}
+    want = {
+        BASE: tokenizer.decode(peft_greedy(models["base"], PROMPT, MAX_NEW)),
+        "a": tokenizer.decode(peft_greedy(models["a"], PROMPT, MAX_NEW)),
+        "b": tokenizer.decode(peft_greedy(models["b"], PROMPT, MAX_NEW)),
+    }
+    assert len(set(want.values())) == 3
+    assert texts == want
+    assert {m: r.model for m, r in results.items()} == {BASE: BASE, "a": "a", "b": "b"}
+
+
+async def test_chat_and_responses_pick_the_adapter(server):
+    chat = await in_thread(
+        lambda: client(server).chat.completions.create(
+            model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0
+        )
+    )
+    assert chat.model == "a"
+    response = await in_thread(
+        lambda: client(server).responses.create(model="b", input="hi", max_output_tokens=4)
+    )
+    assert response.model == "b"
+
+
+async def test_an_unknown_model_is_a_404(server):
+    with pytest.raises(openai.NotFoundError) as info:
+        await in_thread(
+            lambda: client(server).completions.create(model="c", prompt=PROMPT, max_tokens=2)
+        )
+    assert "c" in str(info.value.body)
