@@ -67,7 +67,14 @@ async def create_message() -> Response:
     prompts.check_lengths(state, ready, chat.params.max_tokens, "messages")
     chat, charge = await charge_and_compile(state, chat, ready, budgeted_key())
     prompts.prepared()  # an idle engine need hold its first step for us no longer
-    run = RequestRun(state=state, prompts=ready, n=1, started_at=started, charge=charge)
+    run = RequestRun(
+        state=state,
+        prompts=ready,
+        n=1,
+        started_at=started,
+        charge=charge,
+        adapter_name=chat.model if chat.params.lora_id else None,
+    )
     message = _Message(run, chat)
     access_log.note_generation(message.id, run)
     try:
@@ -138,14 +145,14 @@ class _Message:
             cache_read_input_tokens=run.cached_tokens,
         )
         if not final:
-            return wire.Message(id=self.id, model=run.state.model_name, usage=usage)
+            return wire.Message(id=self.id, model=run.served_name, usage=usage)
         choice = run.choices[0]
         reason, sequence = stop_reason(
             choice.finish_reason, choice.stop_reason, self.output.writer.has_tool_use
         )
         return wire.Message(
             id=self.id,
-            model=run.state.model_name,
+            model=run.served_name,
             content=self.output.writer.blocks,
             stop_reason=reason,
             stop_sequence=sequence,

@@ -1,0 +1,85 @@
+"""A Messages request's `model` picks a LoRA adapter as a chat request's does:
+the same tokens as the chat endpoint for that adapter, and the message names it."""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+from typing import Any
+
+import openai
+import pytest
+import trio
+
+from sluiceway.api.serve import serve_async
+from sluiceway.config import EngineConfig, ServerConfig
+from tiny_models import TINY_LLAMA
+
+from .conftest import in_thread, sdk
+
+peft = pytest.importorskip("peft")
+torch = pytest.importorskip("torch")
+ASK = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture
+async def server(tokenizer: Any, tmp_path: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sluiceway.engine.engine import Engine
+    from sluiceway.engine.lora_modules import LoraModules
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**TINY_LLAMA, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
+    base = LlamaForCausalLM(config).eval()
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    adapted = peft.get_peft_model(copy.deepcopy(base), lora).eval()
+    adapted.save_pretrained(str(tmp_path / "a"))
+    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
+    modules = LoraModules.of({"a": str(tmp_path / "a")})
+    runner.enable_lora(modules, max_loras=1, max_rank=16)
+    engine = Engine(
+        runner,
+        tokenizer,
+        EngineConfig(),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        max_model_len=256,
+        lora_modules=modules,
+    )
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(
+            partial(serve_async, engine, server_config=ServerConfig(port=0), model_name="base")
+        )
+        yield running
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_adapter_a_message_names_is_the_one_it_runs(server: Any) -> None:
+    client = sdk(server)
+    chat = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    greedy = {"temperature": 0, "ignore_eos": True}
+    texts = {}
+    for model in ("base", "a"):
+        message = await in_thread(
+            partial(
+                client.messages.create, model=model, max_tokens=6, messages=ASK, extra_body=greedy
+            )
+        )
+        completion = await in_thread(
+            partial(
+                chat.chat.completions.create,
+                model=model,
+                max_tokens=6,
+                messages=ASK,
+                extra_body=greedy,
+            )
+        )
+        assert message.model == model
+        texts[model] = message.content[0].text  # type: ignore[union-attr]
+        assert texts[model] == completion.choices[0].message.content
+    chat.close()
+    client.close()
+    assert texts["a"] != texts["base"]
