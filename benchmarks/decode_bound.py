@@ -204,18 +204,26 @@ class Stopwatch:
         self.fn, self.seconds = fn, 0.0
 
     def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
+        start = clock()
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += clock() - start
 
 
 def report_model_step(args, dtype: torch.dtype, bw: float) -> None:
     """Single-sequence decode steps of the whole model with each kernel set, one
     model in memory at a time; then where a step's time goes."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from runner_decode import Decoder, time_steps
+    from runner_decode import Decoder
+
+    def time_steps(dec: Decoder, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            start = clock()
+            dec.step()
+            times.append(clock() - start)
+        return times
 
     from sluiceway.runner.model_runner import TorchModelRunner
 
