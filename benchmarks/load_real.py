@@ -229,7 +229,7 @@ def measure(
     before = _tree_bytes(cache)
     env = dict(os.environ, SLUICEWAY_CACHE_DIR=str(cache))
     command = [
-        sys.executable, "-m", "sluiceway.cli", "serve", str(path), "--port", str(port),
+        sys.executable, "-m", "sluiceway.cli", "serve", "--model", str(path), "--port", str(port),
         "--kv-cache-memory", kv_cache, "--served-model-name", "m",
     ]  # fmt: skip
     log = tempfile.NamedTemporaryFile(prefix="sluiceway-load-", suffix=".log", delete=False)
@@ -288,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_model(path, shape, kind)
                 print(f"  {path.stat().st_size / 1e6:.0f} MB in {time.monotonic() - began:.0f} s", flush=True)
             if not (cache / "native").is_dir():
-                print("warm-up run: compiling the native kernels into the cache", flush=True)
-                measure(path, cache=cache, first_load=True, cold=False,
-                        kv_cache=args.kv_cache_memory, timeout=args.timeout)  # fmt: skip
+                print("warm-up run (compiles the native kernels into the cache):", flush=True)
+                warm_up = measure(path, cache=cache, first_load=True, cold=False,
+                                  kv_cache=args.kv_cache_memory, timeout=args.timeout)  # fmt: skip
+                print(json.dumps(warm_up), flush=True)
             for first_load in (True, False):
                 row = measure(
                     path,
