@@ -102,7 +102,8 @@ class ModelConfig:
     `tensor_parallel_size` > 1 splits the model over that many rank processes
     (docs/tensor-parallel.md). `lora_modules` are LoRA adapters served beside the
     base model, (name, PEFT directory) each, at most `max_loras` loaded at once and
-    none of rank above `max_lora_rank` (docs/lora.md)."""
+    none of rank above `max_lora_rank` (docs/lora.md); with
+    `enable_lora_runtime_updates` more are loaded and unloaded while serving."""
 
     model: str | None = None
     dtype: DType = "auto"
@@ -114,6 +115,7 @@ class ModelConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()
     max_loras: int = attrs.field(default=1, validator=_positive)
     max_lora_rank: int = attrs.field(default=16, validator=_positive)
+    enable_lora_runtime_updates: bool = False
 
 
 @attrs.frozen

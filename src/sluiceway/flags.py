@@ -139,6 +139,11 @@ def add_lora_flags(parser: argparse.ArgumentParser) -> None:
         metavar="R",
         help="refuse adapters of a higher rank (default 16)",
     )
+    group.add_argument(
+        "--enable-lora-runtime-updates",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's bodies)",
+    )
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +225,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
         max_loras=getattr(args, "max_loras", 1),
         max_lora_rank=getattr(args, "max_lora_rank", 16),
+        enable_lora_runtime_updates=getattr(args, "enable_lora_runtime_updates", False),
     )
 
 

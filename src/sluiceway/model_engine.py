@@ -7,6 +7,7 @@ the engine package itself never imports torch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -40,6 +41,8 @@ class ModelBundle:
     thread: StepThread | None = None
     quantization: str | None = None
     lora_modules: LoraModules = attrs.field(factory=LoraModules)
+    # Reads and checks an adapter to be added while serving (None: they are fixed).
+    lora_check: Callable[[str, str], None] | None = None
 
     @property
     def name(self) -> str:
@@ -120,20 +123,27 @@ def load_bundle(
     )
     logger.info("%s: %s", loaded.name, stored_types_report(loaded, choice.quantization, from_blocks))
     runner = _build_runner(loaded, model, engine, device, attention, choice.quantization, from_blocks)
-    lora_modules = _enable_lora(runner, model)
+    lora_modules, lora_check = _enable_lora(runner, model)
     if keep_module:
         from sluiceway.runner.checkpoint.reference import transformers_module
 
         loaded.module = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=loaded.dtype)
     loaded.weights_in_place()
     return ModelBundle(
-        loaded, runner, quantization=choice.quantization, lora_modules=lora_modules
+        loaded,
+        runner,
+        quantization=choice.quantization,
+        lora_modules=lora_modules,
+        lora_check=lora_check,
     )
 
 
-def _enable_lora(runner: TorchModelRunner, model: ModelConfig) -> LoraModules:
+def _enable_lora(
+    runner: TorchModelRunner, model: ModelConfig
+) -> tuple[LoraModules, Callable[[str, str], None] | None]:
     """The adapters of `model.lora_modules`, each read and checked on `runner`
-    (ModelLoadError naming the first bad one)."""
+    (ModelLoadError naming the first bad one), and, with runtime updates, what
+    checks one more (AdapterError)."""
     from sluiceway.runner.loading import ModelLoadError
     from sluiceway.runner.lora import AdapterError
 
@@ -141,12 +151,16 @@ def _enable_lora(runner: TorchModelRunner, model: ModelConfig) -> LoraModules:
         modules = LoraModules.of(dict(model.lora_modules))
         if len(modules) != len(model.lora_modules):
             raise ValueError("two LoRA adapters have the same name")
-        if modules:
-            runner.enable_lora(modules, max_loras=model.max_loras, max_rank=model.max_lora_rank)
-            logger.info("LoRA adapters: %s", ", ".join(m.name for m in modules))
+        if modules or model.enable_lora_runtime_updates:
+            table = runner.enable_lora(
+                modules, max_loras=model.max_loras, max_rank=model.max_lora_rank
+            )
+            logger.info("LoRA adapters: %s", ", ".join(m.name for m in modules) or "none yet")
     except (AdapterError, ValueError) as exc:
         raise ModelLoadError(str(exc)) from None
-    return modules
+    if not model.enable_lora_runtime_updates:
+        return modules, None
+    return modules, lambda name, path: table.check(name, path)
 
 
 def _build_runner(
@@ -261,6 +275,7 @@ def build_engine(bundle: ModelBundle, config: EngineConfig) -> Engine:
         model_thread=bundle.thread,
         openmp_pool_release=find_openmp_pool_release() if moves else None,
         lora_modules=bundle.lora_modules,
+        lora_check=bundle.lora_check,
     )
 
 

@@ -16,6 +16,11 @@ from family_models import tiny
 TARGETS = {
     "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
 }
+# The model name and prompt of the server tests (`conftest.models`).
+BASE = "tiny-base"
+PROMPT = [1, 504, 2130, 314, 253, 3811, 28]
+MAX_NEW = 8
+
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

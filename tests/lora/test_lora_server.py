@@ -4,68 +4,27 @@ parent, and each adapter's greedy tokens are peft's. An unknown name is a 404.""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
 
 import openai
-import peft
 import pytest
-import torch
 import trio
-from lora_models import peft_greedy
+from lora_models import BASE, MAX_NEW, PROMPT, peft_greedy
 
 from sluiceway.api.serve import serve_async
 from sluiceway.config import EngineConfig, ServerConfig
 from sluiceway.engine.engine import Engine
 from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.runner.model_runner import TorchModelRunner
-from tiny_models import TINY_LLAMA
 
-BASE = "tiny-base"
-PROMPT = [1, 504, 2130, 314, 253, 3811, 28]
-MAX_NEW = 8
 T = TypeVar("T")
 
 
 async def in_thread(fn: Callable[[], T]) -> T:
     with trio.fail_after(60):
         return await trio.to_thread.run_sync(fn)
-
-
-@pytest.fixture(scope="module")
-def models(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A tiny random Llama over the SmolLM2 vocabulary and two peft adapters on it,
-    saved as PEFT directories: {"base": model, "a": peft model, "b": ..., "dirs"}."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(**TINY_LLAMA, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
-    base = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in base.parameters():
-            if p.dim() > 1:  # norm scales stay at one
-                p.normal_(0, 0.3)
-    base.generation_config.eos_token_id = None
-    out: dict[str, Any] = {"base": base, "dirs": {}}
-    for seed, name in enumerate(("a", "b"), start=1):
-        lora = peft.LoraConfig(
-            r=4,
-            lora_alpha=8,
-            target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"],
-            init_lora_weights=False,
-        )
-        model = peft.get_peft_model(copy.deepcopy(base), lora).eval()
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for param_name, p in model.named_parameters():
-                if "lora_" in param_name:
-                    p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
-        path = tmp_path_factory.mktemp("adapters") / name
-        model.save_pretrained(str(path))
-        out[name], out["dirs"][name] = model, str(path)
-    return out
 
 
 @pytest.fixture

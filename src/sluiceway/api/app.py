@@ -28,6 +28,7 @@ from sluiceway.api.http.json_body import encode_json, json_response
 from sluiceway.api.http.request_body import LimitedRequest
 from sluiceway.api.keys.owners import Owner
 from sluiceway.api.keys.rate_limits import BUDGETED_PATHS, RateLimits, budgeted_key
+from sluiceway.api.lora.routes import blueprint as lora_blueprint
 from sluiceway.api.observability.metrics import Metrics
 from sluiceway.api.openai_chat.routes import answer_chat_line, answer_completion_line
 from sluiceway.api.openai_chat.routes import blueprint as openai_chat_blueprint
@@ -256,6 +257,7 @@ def create_app(
     app.register_blueprint(batches_blueprint)
     app.register_blueprint(misc_blueprint)
     app.register_blueprint(fleet_blueprint)
+    app.register_blueprint(lora_blueprint)
     app.register_blueprint(anthropic_blueprint)
     _install_hooks(app, server_config, state)
     return app

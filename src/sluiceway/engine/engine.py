@@ -81,6 +81,7 @@ class Engine:
         model_thread: StepThread | None = None,
         openmp_pool_release: Callable[[], None] | None = None,
         lora_modules: LoraModules | None = None,
+        lora_check: Callable[[str, str], None] | None = None,
     ) -> None:
         """`model_thread` runs the steps; pass the thread that loaded the model (see
         `model_thread.py`): the engine then owns it and stops it when `run` ends.
@@ -91,9 +92,12 @@ class Engine:
         the threads, the one they leave first runs `openmp_pool_release` (the
         builder passes `sluiceway.runner.openmp_teams.find_openmp_pool_release()`;
         without one, steps never move). `lora_modules` are the LoRA adapters the
-        runner serves, by the name a request gives (`SamplingParams.lora_id`)."""
+        runner serves, by the name a request gives (`SamplingParams.lora_id`);
+        `lora_check(name, path)` reads and checks an adapter before it is added while
+        serving (ValueError naming its problem; None: adapters are fixed at start)."""
         self.tokenizer = tokenizer
         self.lora_modules = lora_modules if lora_modules is not None else LoraModules()
+        self.lora_check = lora_check
         if model_thread is None:
             model_thread = CallingThread() if config.steps_on_event_loop else ModelThread()
         self._placement = StepPlacement(

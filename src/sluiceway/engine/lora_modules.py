@@ -21,7 +21,9 @@ class LoraModule:
 @attrs.define
 class LoraModules:
     """Adapters by name and by id; ids are never reused, so a sequence of a removed
-    adapter cannot pick up a later one's weights or cached blocks."""
+    adapter cannot pick up a later one's weights or cached blocks. A removed
+    adapter keeps its id (`with_id`), so sequences already running through it
+    finish under it; only its name is gone."""
 
     _by_name: dict[str, LoraModule] = attrs.field(factory=dict)
     _by_id: dict[int, LoraModule] = attrs.field(factory=dict)
@@ -45,10 +47,8 @@ class LoraModules:
         return module
 
     def remove(self, name: str) -> LoraModule:
-        """Forget adapter `name`; KeyError if there is none."""
-        module = self._by_name.pop(name)
-        del self._by_id[module.lora_id]
-        return module
+        """Forget adapter `name` (new requests cannot name it); KeyError if there is none."""
+        return self._by_name.pop(name)
 
     def named(self, name: str) -> LoraModule | None:
         return self._by_name.get(name)

@@ -53,6 +53,10 @@ class LoraTable:
         self.loads += 1
         return adapter
 
+    def check(self, name: str, path: str) -> None:
+        """Read and check adapter `name` at `path` without keeping it (AdapterError)."""
+        self.load(LoraModule(name, path, BASE_LORA_ID))
+
     def check_all(self) -> None:
         """Load every known adapter once (AdapterError for the first bad one), keeping
         the first `max_loras` resident."""

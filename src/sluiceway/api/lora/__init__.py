@@ -1,0 +1,1 @@
+"""Adding and removing LoRA adapters while serving (vLLM's endpoints)."""
