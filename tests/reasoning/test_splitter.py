@@ -5,7 +5,7 @@ included, and the thinking's tokens counted."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluiceway.reasoning import (
@@ -109,6 +109,7 @@ def test_auto_selection_by_family_then_by_template() -> None:
 texts = st.text(alphabet="<>/thinkab \n", max_size=40)
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     fmt=st.sampled_from([QWEN3, R1, reasoning_format("think:<r>,</r>")]),
     state=st.sampled_from(["open", "closed", "fresh"]),
