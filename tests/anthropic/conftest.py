@@ -3,7 +3,7 @@ Anthropic's own SDK pointed at it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -23,8 +23,24 @@ async def in_thread(fn: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(fn)
 
 
+# The SDK clients a test made, closed when it ends: left open, their pooled sockets
+# reach the garbage collector during some later test, which then fails on the
+# ResourceWarning (warnings are errors).
+_made: list[anthropic.Anthropic] = []
+
+
 def sdk(server: Any, api_key: str = "unused") -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0, timeout=30)
+    """The anthropic SDK's client of `server`, closed when the test ends."""
+    client = anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0, timeout=30)
+    _made.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()
 
 
 @pytest.fixture
