@@ -199,7 +199,7 @@ def test_the_client_needs_trio_and_nothing_of_the_server():
 
 # Packages whose `__init__` names what other packages may use (`__all__`): public
 # names, and public submodules that may be imported (with whatever lies below them).
-CURATED_PACKAGES = ("sluiceway.engine", "sluiceway.runner", "sluiceway.transport")
+CURATED_PACKAGES = ("sluiceway.engine", "sluiceway.protocol", "sluiceway.runner", "sluiceway.transport")
 
 
 def _private_imports(package: str) -> list[str]:

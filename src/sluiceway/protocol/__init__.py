@@ -82,6 +82,9 @@ from sluiceway.protocol.tools import (
 )
 from sluiceway.protocol.usage import CompletionTokensDetails, PromptTokensDetails, Usage
 
+# The types above, and the modules other packages import for the types not named
+# here (`tests/test_import_layering.py` holds them to this); `_codec` is this
+# package's own.
 __all__ = [
     "Batch",
     "BatchCreateRequest",
@@ -149,4 +152,12 @@ __all__ = [
     "ToolChoice",
     "TopLogprob",
     "Usage",
+    # modules
+    "anthropic",
+    "batches",
+    "constraints",
+    "embeddings",
+    "requests",
+    "responses",
+    "tools",
 ]

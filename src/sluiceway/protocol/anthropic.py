@@ -316,6 +316,12 @@ class Ping(Wire):
     type: str = "ping"
 
 
+# Every event a streamed message sends.
+StreamEvent = (
+    MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta | MessageStop | Ping
+)
+
+
 def text_delta(text: str) -> JSON:
     return {"type": "text_delta", "text": text}
 

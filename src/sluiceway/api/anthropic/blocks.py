@@ -13,9 +13,8 @@ from typing import Any
 import attrs
 
 from sluiceway.protocol import anthropic as wire
-from sluiceway.protocol._codec import Wire
 
-Event = Wire
+Event = wire.StreamEvent
 
 
 @attrs.define
