@@ -12,7 +12,6 @@ import attrs
 import httpx
 import trio
 
-from polling import eventually  # noqa: F401  (the one polling helper, for older importers)
 from sluiceway.engine.batch import ScheduledChunk
 
 CHAT = "/v1/chat/completions"

@@ -4,14 +4,10 @@ token, offline switch or saved login of the developer's leaking in."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
 from hub_stand_in import StandInHub
 
 

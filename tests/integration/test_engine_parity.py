@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from greedy_rounds import greedy_rounds
 from sluiceway.runner.model_runner import TorchModelRunner
-from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
+from tiny_models import TINY_LLAMA
 
 PROMPTS = [
     [5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 2, 3],

@@ -27,7 +27,7 @@ from sluiceway.runner.decode_graphs import (  # noqa: E402
 from sluiceway.runner.kernels.backend import TritonAttention  # noqa: E402
 from sluiceway.runner.model_runner import TorchModelRunner  # noqa: E402
 from sluiceway.runner.sampler import sample  # noqa: E402
-from tiny_models import TINY_LLAMA  # noqa: E402  (tests/, on sys.path via tests/conftest.py)
+from tiny_models import TINY_LLAMA  # noqa: E402
 
 BLOCK_SIZE = 16
 BUCKETS = (1, 2, 4)

@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 from broken_server import BrokenServer, Flaws
 
-from server_helpers import eventually
+from polling import eventually
 
 PROBE = [sys.executable, "-m", "sluiceway.cli", "probe"]
 

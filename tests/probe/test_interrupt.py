@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import trio
 
-from server_helpers import engine_empty, eventually
+from polling import eventually
+from server_helpers import engine_empty
 from sluiceway.api import RunningServer
 from sluiceway.probe import ProbeConfig, ProbeReport, ProbeRun
 

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
-from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
+from tiny_models import TINY_LLAMA
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
 TINY = dict(TINY_LLAMA, vocab_size=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.tensor_parallel.checkpoint import lazy_checkpoint
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan, TensorParallelError
-from tiny_models import TINY_LLAMA  # tests/, on sys.path through tests/conftest.py
+from tiny_models import TINY_LLAMA
 
 
 def config(**overrides) -> LlamaConfig:
