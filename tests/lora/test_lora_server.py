@@ -117,3 +117,12 @@ async def test_an_unknown_model_is_a_404(server):
             lambda: client(server).completions.create(model="c", prompt=PROMPT, max_tokens=2)
         )
     assert "c" in str(info.value.body)
+
+
+async def test_metrics_name_the_adapters_served(server):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        text = (await http.get("/metrics")).text
+    [line] = [x for x in text.splitlines() if x.startswith("vllm:lora_requests_info{")]
+    assert 'max_lora="2"' in line and 'running_lora_adapters=""' in line

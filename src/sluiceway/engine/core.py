@@ -48,6 +48,14 @@ class EngineStats:
     grammar_mask_rows_total: int = 0
     grammar_mask_fill_seconds_total: float = 0.0
     grammar_mask_wait_seconds_total: float = 0.0
+    # The LoRA adapters (ids, then names where the engine knows them) of the
+    # sequences running and waiting, and how many the runner keeps loaded (0: it
+    # serves no adapters).
+    running_lora_ids: tuple[int, ...] = ()
+    waiting_lora_ids: tuple[int, ...] = ()
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 class EngineCore:
@@ -230,6 +238,8 @@ class EngineCore:
             grammar_mask_rows_total=self.mask_rows_total,
             grammar_mask_fill_seconds_total=self.mask_fill_seconds_total,
             grammar_mask_wait_seconds_total=self.mask_wait_seconds_total,
+            running_lora_ids=_adapters(self.scheduler.running),
+            waiting_lora_ids=_adapters(self.scheduler.waiting),
         )
 
     # ---- the step -------------------------------------------------------------
@@ -430,3 +440,8 @@ class EngineCore:
         siblings = self._requests.get(seq.request_id, [])
         if all(s.seq_id not in self._seqs for s in siblings):
             self._requests.pop(seq.request_id, None)
+
+
+def _adapters(seqs: Iterable[Seq]) -> tuple[int, ...]:
+    """The distinct LoRA adapter ids of `seqs`, in order, the base model's left out."""
+    return tuple(sorted({s.params.lora_id for s in seqs} - {0}))

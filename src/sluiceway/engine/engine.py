@@ -162,7 +162,18 @@ class Engine:
         stats = self._core.stats()
         if self._failure is not None:
             return attrs.evolve(stats, num_running_seqs=0, num_waiting_seqs=0, kv_blocks_used=0)
-        return attrs.evolve(stats, num_waiting_seqs=stats.num_waiting_seqs + self._queued_choices)
+        modules = self.lora_modules
+
+        def names(ids: tuple[int, ...]) -> tuple[str, ...]:
+            return tuple(m.name for m in map(modules.with_id, ids) if m is not None)
+
+        return attrs.evolve(
+            stats,
+            num_waiting_seqs=stats.num_waiting_seqs + self._queued_choices,
+            running_lora_adapters=names(stats.running_lora_ids),
+            waiting_lora_adapters=names(stats.waiting_lora_ids),
+            max_lora=modules.max_loras,
+        )
 
     async def wait_idle(self) -> None:
         """Return once every accepted request has finished or been aborted and the

@@ -25,6 +25,8 @@ class LoraModules:
     adapter keeps its id (`with_id`), so sequences already running through it
     finish under it; only its name is gone."""
 
+    # How many adapters the runner keeps loaded (set when it serves them; 0: it does not).
+    max_loras: int = 0
     _by_name: dict[str, LoraModule] = attrs.field(factory=dict)
     _by_id: dict[int, LoraModule] = attrs.field(factory=dict)
     _next_id: int = BASE_LORA_ID + 1

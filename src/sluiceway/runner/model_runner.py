@@ -298,6 +298,7 @@ class TorchModelRunner:
         through a decode graph."""
         table = LoraTable(self.model, modules, max_loras=max_loras, max_rank=max_rank)
         table.check_all()
+        modules.max_loras = max_loras
         self.lora = table
         return table
 

@@ -7,10 +7,14 @@ unused blocks count as free, as there), prefix-cache lookups and hits in tokens,
 prompt and generated token totals, preemptions, and the time-to-first-token and
 end-to-end latency histograms (the same observations as the `sluiceway_` ones).
 Read at scrape time from `engine.stats()`, like the `sluiceway_` gauges.
+Where LoRA adapters are served, `vllm:lora_requests_info` too: one sample whose
+labels name the adapters running and waiting (comma-separated) and `max_lora`,
+valued at the scrape's time, as the Gateway API Inference Extension reads it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,6 +41,21 @@ class VllmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats()
+        if s.max_lora:
+            family = GaugeMetricFamily(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            )
+            family.add_metric(
+                [
+                    str(s.max_lora),
+                    ",".join(s.waiting_lora_adapters),
+                    ",".join(s.running_lora_adapters),
+                ],
+                time.time(),
+            )
+            yield family
         total = s.kv_blocks_total
         gauges = [
             (
