@@ -2,16 +2,16 @@
 and the mixed-batch LoRA matmul's two shapes.
 
     .venv/bin/python benchmarks/lora_mixed.py [--streams 8,32] [--adapters 1,4,16]
-        [--rank 16] [--tokens 32] [--repeats 3] [--dtype auto]
+        [--rank 16] [--steps 16] [--dtype auto]
     .venv/bin/python benchmarks/lora_mixed.py --kernels [--rank 16] [--dtype float32]
 
-Throughput: the default model (SmolLM2-135M) on one engine core, `--streams`
-greedy requests of a 32-token random prompt and `--tokens` new tokens each, all
-added at once, served by the base model alone or spread round robin over N
-random rank-`--rank` adapters on every linear (q/k/v/o, gate/up/down), written as
-PEFT directories. Configurations alternate within each repeat so the shared
-machine's noise hits them alike; prints the median tokens/s (prefill included)
-and its ratio to the base model's.
+Throughput: decode steps of the default model (SmolLM2-135M) on its runner,
+`--streams` sequences after a 32-token prompt, served by the base model alone or
+spread round robin over N random rank-`--rank` adapters on every linear
+(q/k/v/o, gate/up/down), written as PEFT directories and loaded as the server
+loads them. The configurations take turns step by step, so the shared machine's
+noise hits them alike; prints the median step time, tokens/s and the ratio to
+the base model's throughput.
 
 `--kernels`: one fused linear's LoRA delta for T rows spread over N adapters, as
 the runner computes it (`LoraRows.add_delta`: per adapter, gather its rows, two
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sluiceway.engine.core import EngineCore
+from sluiceway.engine.batch import ScheduledChunk, StepBatch
 from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.loading import load_model, resolve_dtype
@@ -40,6 +39,7 @@ from sluiceway.runner.lora.adapter import LoraAdapter, LoraPair
 from sluiceway.runner.lora.rows import LoraRows
 from sluiceway.runner.model_runner import TorchModelRunner
 
+PROMPT = 32
 TARGETS = {
     "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "mlp": ("gate_proj", "up_proj", "down_proj"),
@@ -79,55 +79,76 @@ def write_adapter(directory: Path, runner: TorchModelRunner, rank: int, seed: in
     return str(directory)
 
 
-def run_streams(runner, streams: int, lora_ids: list[int], tokens: int, seed: int) -> float:
-    """Tokens per second (prompt and new) of `streams` requests run to the end."""
-    core = EngineCore(
-        runner,
-        lambda ids: "",
-        max_num_seqs=streams,
-        max_num_batched_tokens=2048,
-        eos_token_ids=[],
-        max_model_len=256,
-        enable_prefix_caching=False,
+def decode_batch(streams: int, lora_ids: list[int], position: int, tables: list[list[int]]):
+    """One decode step of `streams` sequences at `position`, adapters round robin."""
+    return StepBatch(
+        chunks=tuple(
+            ScheduledChunk(
+                seq_id=i,
+                token_ids=[100 + i],
+                start_pos=position,
+                block_table=tables[i],
+                sample=True,
+                params=SamplingParams(
+                    temperature=0.0, lora_id=lora_ids[i % len(lora_ids)] if lora_ids else 0
+                ),
+            )
+            for i in range(streams)
+        )
     )
-    rng = random.Random(seed)
-    total = 0
-    for i in range(streams):
-        prompt = [rng.randrange(100, 40000) for _ in range(32)]
-        lora = lora_ids[i % len(lora_ids)] if lora_ids else 0
-        core.add_request(i, prompt, SamplingParams(max_tokens=tokens, temperature=0.0, lora_id=lora))
-        total += len(prompt) + tokens
-    start = time.perf_counter()
-    while core.has_work():
-        core.step()
-    return total / (time.perf_counter() - start)
 
 
 def throughput(args) -> None:
     loaded = load_model(None, args.dtype, progress=False)
     streams = [int(x) for x in args.streams.split(",")]
     counts = [int(x) for x in args.adapters.split(",")]
-    blocks = max(streams) * (-(-(32 + args.tokens) // 16)) + 8
-    runner = TorchModelRunner.from_loaded(loaded, block_size=16, num_blocks=blocks)
+    ctx = PROMPT + args.steps + 1
+    per_seq = -(-ctx // 16)
+    runner = TorchModelRunner.from_loaded(
+        loaded, block_size=16, num_blocks=max(streams) * per_seq + 1
+    )
+    tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(max(streams))]
     with tempfile.TemporaryDirectory() as tmp:
         modules = LoraModules.of(
             {f"a{i}": write_adapter(Path(tmp) / f"a{i}", runner, args.rank, i) for i in range(max(counts))}
         )
         runner.enable_lora(modules, max_loras=max(counts), max_rank=args.rank)
     ids = [m.lora_id for m in modules]
+    # One prefill fills every sequence's first PROMPT positions; the configurations
+    # then decode over the same blocks (what they hold does not change the time).
+    prefill = StepBatch(
+        chunks=tuple(
+            ScheduledChunk(
+                seq_id=i,
+                token_ids=list(range(100, 100 + PROMPT)),
+                start_pos=0,
+                block_table=tables[i],
+                sample=True,
+                params=SamplingParams(temperature=0.0),
+            )
+            for i in range(max(streams))
+        )
+    )
+    runner.step(prefill)
     configs = [(s, n) for s in streams for n in [0, *counts]]
-    results: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
-    run_streams(runner, 4, [], 4, 0)  # warm-up
-    for rep in range(args.repeats):
+    times: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
+    for s, n in configs:  # warm-up: each adapter's first use
+        runner.step(decode_batch(s, ids[:n], PROMPT, tables))
+    for step in range(args.steps):
         for s, n in configs:
-            results[(s, n)].append(run_streams(runner, s, ids[:n], args.tokens, rep))
-            print(f"repeat {rep}: {s} streams, {n or 'no'} adapters: {results[(s, n)][-1]:.1f} tok/s", flush=True)
-    print(f"{loaded.dtype}, rank {args.rank}, {args.tokens} new tokens a stream, {args.repeats} repeats")
-    print(f"{'streams':>8} {'adapters':>9} {'tok/s':>8} {'vs base':>8}")
+            batch = decode_batch(s, ids[:n], PROMPT + step, tables)
+            start = time.perf_counter()
+            runner.step(batch)
+            times[(s, n)].append(time.perf_counter() - start)
+    print(
+        f"{loaded.dtype}, rank {args.rank} on every linear, {args.steps} decode steps per "
+        f"configuration, interleaved, after a {PROMPT}-token prompt"
+    )
+    print(f"{'streams':>8} {'adapters':>9} {'ms/step':>8} {'tok/s':>8} {'vs base':>8}")
     for s, n in configs:
-        median = statistics.median(results[(s, n)])
-        base = statistics.median(results[(s, 0)])
-        print(f"{s:>8} {n if n else 'base':>9} {median:>8.1f} {median / base:>8.2f}")
+        median = statistics.median(times[(s, n)])
+        base = statistics.median(times[(s, 0)])
+        print(f"{s:>8} {n or 'base':>9} {median * 1e3:>8.1f} {s / median:>8.1f} {base / median:>8.2f}")
 
 
 def kernels(args) -> None:
@@ -189,8 +210,7 @@ def main() -> None:
     p.add_argument("--streams", default="8,32")
     p.add_argument("--adapters", default="1,4,16")
     p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--dtype", default="auto")
     args = p.parse_args()
