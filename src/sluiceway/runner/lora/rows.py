@@ -4,12 +4,9 @@ in one token batch.
 Each linear's delta is computed per adapter present in the step: its rows are
 gathered, multiplied by its A and B (`[n, in] @ [in, R] @ [R, out]`) and added
 back into the linear's output by index. Gathering every row's A and B by its
-adapter index into one `bmm` instead (punica's shape) was slower on CPU
-(`benchmarks/lora_mixed.py --kernels --dtype float32`, rank 16, 2026-12-07, a
-shared 2-core machine): 2-7x with one adapter at 8 and 32 rows, and for a
-2048 -> 3072 linear with 4 adapters at 32 rows; it won only at 8 rows with 4
-and 16 adapters on a 576 -> 960 linear (by about a third). Its `[T, R, in]`
-copy of A also grows with a prefill's tokens.
+adapter index into one `bmm` instead (punica's shape) was slower on CPU in most
+of the cases measured (`benchmarks/lora_mixed.py --kernels`; docs/benchmarks.md),
+and its `[T, R, in]` copy of A grows with a prefill's tokens.
 """
 
 from __future__ import annotations
