@@ -4,7 +4,7 @@ parent, and each adapter's greedy tokens are peft's. An unknown name is a 404.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -54,23 +54,27 @@ async def server(models: dict[str, Any], tokenizer: Any):
         nursery.cancel_scope.cancel()
 
 
-def client(server: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+@pytest.fixture
+def client(server: Any) -> Iterator[openai.OpenAI]:
+    """The openai SDK's client of `server`, closed when the test ends (left open, its
+    pooled sockets would reach the garbage collector during a later test)."""
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as made:
+        yield made
 
 
-async def test_models_lists_each_adapter_with_the_base_as_parent(server, models):
-    listed = await in_thread(lambda: client(server).models.list().data)
+async def test_models_lists_each_adapter_with_the_base_as_parent(server, models, client):
+    listed = await in_thread(lambda: client.models.list().data)
     assert [m.id for m in listed] == [BASE, "a", "b"]
     parents = [getattr(m, "parent", None) for m in listed]
     assert parents == [None, BASE, BASE]
     assert getattr(listed[1], "root", None) == models["dirs"]["a"]
-    one = await in_thread(lambda: client(server).models.retrieve("b"))
+    one = await in_thread(lambda: client.models.retrieve("b"))
     assert (one.id, getattr(one, "parent", None)) == ("b", BASE)
 
 
-async def test_each_adapter_answers_with_its_own_tokens(server, models, tokenizer):
+async def test_each_adapter_answers_with_its_own_tokens(server, models, tokenizer, client):
     def complete(model: str) -> Any:
-        return client(server).completions.create(
+        return client.completions.create(
             model=model,
             prompt=PROMPT,
             max_tokens=MAX_NEW,
@@ -98,23 +102,23 @@ async def test_each_adapter_answers_with_its_own_tokens(server, models, tokenize
     assert {m: r.model for m, r in results.items()} == {BASE: BASE, "a": "a", "b": "b"}
 
 
-async def test_chat_and_responses_pick_the_adapter(server):
+async def test_chat_and_responses_pick_the_adapter(server, client):
     chat = await in_thread(
-        lambda: client(server).chat.completions.create(
+        lambda: client.chat.completions.create(
             model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0
         )
     )
     assert chat.model == "a"
     response = await in_thread(
-        lambda: client(server).responses.create(model="b", input="hi", max_output_tokens=4)
+        lambda: client.responses.create(model="b", input="hi", max_output_tokens=4)
     )
     assert response.model == "b"
 
 
-async def test_an_unknown_model_is_a_404(server):
+async def test_an_unknown_model_is_a_404(server, client):
     with pytest.raises(openai.NotFoundError) as info:
         await in_thread(
-            lambda: client(server).completions.create(model="c", prompt=PROMPT, max_tokens=2)
+            lambda: client.completions.create(model="c", prompt=PROMPT, max_tokens=2)
         )
     assert "c" in str(info.value.body)
 

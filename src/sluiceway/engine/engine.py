@@ -84,7 +84,7 @@ class Engine:
         lora_check: Callable[[str, str], None] | None = None,
     ) -> None:
         """`model_thread` runs the steps; pass the thread that loaded the model (see
-        `model_thread.py`): the engine then owns it and stops it when `run` ends.
+        `step_threads.py`): the engine then owns it and stops it when `run` ends.
         Without one, the engine starts its own, or, with
         `config.steps_on_event_loop`, steps on the event loop's thread. Decodes of
         at most `config.event_loop_decode_max_seqs` (default 0: none) sequences
