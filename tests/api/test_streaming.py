@@ -39,8 +39,13 @@ async def test_seed_load_with_steps_on_the_event_loop(start_server: Any) -> None
 
 
 async def _seed_parallel_streams_and_batch_chat(server: RunningServer) -> None:
-    """16 parallel streaming chats plus the seed's batch-chat request, via the official client."""
-    client = _openai(server)
+    """16 parallel streaming chats plus the seed's batch-chat request, via the official
+    client, closed at the end (its sockets never reach a later test)."""
+    with _openai(server) as client:
+        await _seed_load(client)
+
+
+async def _seed_load(client: openai.OpenAI) -> None:
 
     def one_stream(i: int) -> tuple[str, str | None]:
         text, finish = "", None

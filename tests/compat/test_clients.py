@@ -8,6 +8,7 @@ each run asks the same; the grammar is what makes every answer parse."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Literal
 
 import openai
@@ -52,8 +53,11 @@ TIME_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def oai(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def oai(server_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=server_url + "/v1", api_key="unused", max_retries=0, timeout=120
+    ) as client:
+        yield client
 
 
 def ask() -> list[dict[str, str]]:
