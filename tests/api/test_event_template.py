@@ -121,7 +121,7 @@ async def test_continuous_usage_stats_reach_every_text_chunk() -> None:
     output = stream.output = StreamOutput()
     for count in (1, 2, 3):
         choice.num_output_tokens = count
-        await stream._sink(choice, ChoiceDelta((5,), "a", num_output_tokens=count))
+        await stream.sink(choice, ChoiceDelta((5,), "a", num_output_tokens=count))
     output.close()
     written = b"".join([part async for part in output.body()])
     events = [json.loads(e.removeprefix(b"data: ")) for e in written.split(b"\n\n") if e]

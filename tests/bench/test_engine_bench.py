@@ -40,21 +40,50 @@ def test_engine_and_transformers_columns(capsys):
         assert low - 0.005 <= printed <= high + 0.005, (ours, theirs, ratio)
 
 
+def _linears(obj, seen=None):
+    """Every `Linear` reachable from `obj` through attributes and containers."""
+    import attrs
+
+    from sluiceway.runner.linear import Linear
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, Linear):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        children = list(obj)
+    elif isinstance(obj, dict):
+        children = list(obj.values())
+    elif attrs.has(type(obj)):
+        children = [getattr(obj, f.name) for f in attrs.fields(type(obj))]
+    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("sluiceway."):
+        children = list(vars(obj).values())
+    else:
+        return []
+    return [found for child in children for found in _linears(child, seen)]
+
+
 def test_quantization_reaches_the_engine(capsys, monkeypatch):
-    from sluiceway.runner import linear
+    from sluiceway.runner.model_runner import TorchModelRunner
 
-    built = []
-    real_init = linear.Linear.__init__
+    runners = []
+    real_from_loaded = TorchModelRunner.from_loaded.__func__
 
-    def spy(self, *args, **kwargs):
-        built.append(kwargs.get("quantization"))
-        real_init(self, *args, **kwargs)
+    def spy(cls, *args, **kwargs):
+        runners.append(real_from_loaded(cls, *args, **kwargs))
+        return runners[-1]
 
-    monkeypatch.setattr(linear.Linear, "__init__", spy)
+    monkeypatch.setattr(TorchModelRunner, "from_loaded", classmethod(spy))
     argv = ["bench", "engine", "--batch-sizes", "1", "--dtypes", "bfloat16",
             "--prompt-tokens", "4", "--output-tokens", "2",
             "--skip-transformers", "--quantization", "int4"]  # fmt: skip
     assert main(argv) == 0
     rows = _rows(capsys.readouterr().out)
     assert [(r[0], r[1], r[3], r[4]) for r in rows] == [("bfloat16", "1", "-", "-")]
-    assert set(built) == {"int4", "int8"}  # int4 layers, the int8 output head
+    # The layers as served, however they were built (the default model's stored
+    # 4-bit blocks are adopted after the layers are made): int4 layers, an int8 head.
+    (runner,) = runners
+    served = {type(linear.quantized).__name__ for linear in _linears(runner.model)}
+    assert served == {"Int4Weight", "Int8Weight"}
