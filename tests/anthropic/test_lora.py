@@ -9,10 +9,8 @@ from typing import Any
 
 import openai
 import pytest
-import trio
+from lora_models import serving_adapters
 
-from sluiceway.api.serve import serve_async
-from sluiceway.config import EngineConfig, ServerConfig
 from tiny_models import TINY_LLAMA
 
 from .conftest import in_thread, sdk
@@ -26,10 +24,6 @@ ASK = [{"role": "user", "content": "Say hello."}]
 async def server(tokenizer: Any, tmp_path: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sluiceway.engine.engine import Engine
-    from sluiceway.engine.lora_modules import LoraModules
-    from sluiceway.runner.model_runner import TorchModelRunner
-
     torch.manual_seed(0)
     config = LlamaConfig(**TINY_LLAMA, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2)
     base = LlamaForCausalLM(config).eval()
@@ -38,23 +32,10 @@ async def server(tokenizer: Any, tmp_path: Any) -> Any:
     )
     adapted = peft.get_peft_model(copy.deepcopy(base), lora).eval()
     adapted.save_pretrained(str(tmp_path / "a"))
-    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
-    modules = LoraModules.of({"a": str(tmp_path / "a")})
-    runner.enable_lora(modules, max_loras=1, max_rank=16)
-    engine = Engine(
-        runner,
-        tokenizer,
-        EngineConfig(),
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-        max_model_len=256,
-        lora_modules=modules,
-    )
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(
-            partial(serve_async, engine, server_config=ServerConfig(port=0), model_name="base")
-        )
+    async with serving_adapters(
+        base, tokenizer, {"a": str(tmp_path / "a")}, max_loras=1, model_name="base"
+    ) as running:
         yield running
-        nursery.cancel_scope.cancel()
 
 
 async def test_the_adapter_a_message_names_is_the_one_it_runs(

@@ -3,12 +3,16 @@ directories, and the greedy tokens `peft` + transformers' `generate` give for th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import peft
 import torch
+import trio
 
 from family_models import tiny
 
@@ -67,3 +71,38 @@ def peft_greedy(model, prompt: list[int], max_new: int) -> tuple[int, ...]:
 @functools.cache
 def base_greedy(family: str, prompt: tuple[int, ...], max_new: int) -> tuple[int, ...]:
     return peft_greedy(tiny(family), list(prompt), max_new)
+
+
+@contextlib.asynccontextmanager
+async def serving_adapters(
+    base: Any, tokenizer: Any, dirs: dict[str, str], *, max_loras: int, model_name: str
+) -> AsyncIterator[Any]:
+    """A server on 127.0.0.1 (a free port) of `base` (a transformers model) with the
+    PEFT adapters in `dirs` by name, served as `model_name`; stopped on the way out."""
+    from sluiceway.api.serve import serve_async
+    from sluiceway.config import EngineConfig, ServerConfig
+    from sluiceway.engine.engine import Engine
+    from sluiceway.engine.lora_modules import LoraModules
+    from sluiceway.runner.model_runner import TorchModelRunner
+
+    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
+    modules = LoraModules.of(dirs)
+    runner.enable_lora(modules, max_loras=max_loras, max_rank=16)
+    engine = Engine(
+        runner,
+        tokenizer,
+        EngineConfig(),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        max_model_len=256,
+        lora_modules=modules,
+    )
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(
+            functools.partial(
+                serve_async,
+                engine,
+                server_config=ServerConfig(host="127.0.0.1", port=0),
+                model_name=model_name,
+            )
+        )
+        nursery.cancel_scope.cancel()

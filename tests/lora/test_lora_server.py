@@ -5,19 +5,12 @@ parent, and each adapter's greedy tokens are peft's. An unknown name is a 404.""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any, TypeVar
 
 import openai
 import pytest
 import trio
-from lora_models import BASE, MAX_NEW, PROMPT, peft_greedy
-
-from sluiceway.api.serve import serve_async
-from sluiceway.config import EngineConfig, ServerConfig
-from sluiceway.engine.engine import Engine
-from sluiceway.engine.lora_modules import LoraModules
-from sluiceway.runner.model_runner import TorchModelRunner
+from lora_models import BASE, MAX_NEW, PROMPT, peft_greedy, serving_adapters
 
 T = TypeVar("T")
 
@@ -29,29 +22,10 @@ async def in_thread(fn: Callable[[], T]) -> T:
 
 @pytest.fixture
 async def server(models: dict[str, Any], tokenizer: Any):
-    base = models["base"]
-    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
-    modules = LoraModules.of(models["dirs"])
-    runner.enable_lora(modules, max_loras=2, max_rank=16)
-    engine = Engine(
-        runner,
-        tokenizer,
-        EngineConfig(),
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-        max_model_len=256,
-        lora_modules=modules,
-    )
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(
-            partial(
-                serve_async,
-                engine,
-                server_config=ServerConfig(host="127.0.0.1", port=0),
-                model_name=BASE,
-            )
-        )
+    async with serving_adapters(
+        models["base"], tokenizer, models["dirs"], max_loras=2, model_name=BASE
+    ) as running:
         yield running
-        nursery.cancel_scope.cancel()
 
 
 @pytest.fixture
