@@ -69,19 +69,9 @@ async def parallel_streams(ctx: ProbeContext) -> Outcome:
 async def batch_prompts(ctx: ProbeContext) -> Outcome:
     """One streamed completions request with four prompts: every prompt's choice
     must stream on its own index, side by side, and finish."""
-    rec: StreamRecord | None = None
-
-    def progress() -> str:
-        if rec is None:
-            return "waiting for the response to start"
-        return f"indices finished: {rec.finished()} of 0..{len(PROMPTS) - 1}"
-
-    ctx.progress = progress
     body = ctx.completion(list(PROMPTS), TOKENS, temperature=0)
-    with refusal_means_unsupported("a streamed completions request with a list of prompts"):
-        async with ctx.stream(COMPLETIONS, body) as (s, rec):
-            await ctx.read(s, rec)
-    return _judge_choices(ctx, rec, len(PROMPTS), "prompts")
+    request = "a streamed completions request with a list of prompts"
+    return await _streamed_batch(ctx, COMPLETIONS, body, request, "prompts")
 
 
 async def batch_chat(ctx: ProbeContext) -> Outcome:
@@ -89,6 +79,17 @@ async def batch_chat(ctx: ProbeContext) -> Outcome:
     list of four conversations, as the seed's reproduction sends it (an extension
     of OpenAI's API that sluiceway accepts; "not supported" where it is refused). Judged as
     ``batch_prompts``."""
+    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+    body = {"model": ctx.model, "messages": conversations, "max_tokens": TOKENS, "temperature": 0}
+    request = "a streamed chat request with a list of conversations"
+    return await _streamed_batch(ctx, CHAT, body, request, "conversations")
+
+
+async def _streamed_batch(
+    ctx: ProbeContext, path: str, body: dict, request: str, kind: str
+) -> Outcome:
+    """`body` (one request of `len(PROMPTS)` prompts) streamed to `path` and judged
+    choice by choice; "not supported" where `request` is refused."""
     rec: StreamRecord | None = None
 
     def progress() -> str:
@@ -97,12 +98,10 @@ async def batch_chat(ctx: ProbeContext) -> Outcome:
         return f"indices finished: {rec.finished()} of 0..{len(PROMPTS) - 1}"
 
     ctx.progress = progress
-    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
-    body = {"model": ctx.model, "messages": conversations, "max_tokens": TOKENS, "temperature": 0}
-    with refusal_means_unsupported("a streamed chat request with a list of conversations"):
-        async with ctx.stream(CHAT, body) as (s, rec):
+    with refusal_means_unsupported(request):
+        async with ctx.stream(path, body) as (s, rec):
             await ctx.read(s, rec)
-    return _judge_choices(ctx, rec, len(PROMPTS), "conversations")
+    return _judge_choices(ctx, rec, len(PROMPTS), kind)
 
 
 async def n_choices(ctx: ProbeContext) -> Outcome:
