@@ -72,12 +72,15 @@ def _quantize(data: np.ndarray, kind: Any) -> np.ndarray:
     return gguf.quants.quantize(data, kind)
 
 
-def write_gguf(model: Any, path: Path, linear_type: Any = None) -> None:
+def write_gguf(
+    model: Any, path: Path, linear_type: Any = None, *, embedding_type: Any = None
+) -> None:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
     at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
     quantizes, such as Q4_1 or Q8_0, or Q6_K, which `kquant_blocks` encodes), the
     layers' linear weights are stored in that type instead, as a quantized
-    llama.cpp file stores them."""
+    llama.cpp file stores them. `embedding_type` stores the token embedding and
+    the output head (where untied) so as well."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
@@ -120,6 +123,8 @@ def write_gguf(model: Any, path: Path, linear_type: Any = None) -> None:
             data = _llama_permute(data, heads)
         if linear_type is not None and name.split(".")[-2] in _LINEAR_NAMES:
             writer.add_tensor(name, _quantize(data, linear_type), raw_dtype=linear_type)
+        elif embedding_type is not None and name in ("token_embd.weight", "output.weight"):
+            writer.add_tensor(name, _quantize(data, embedding_type), raw_dtype=embedding_type)
         else:
             writer.add_tensor(name, data)
     writer.write_header_to_file()

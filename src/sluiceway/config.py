@@ -87,11 +87,13 @@ class EngineConfig:
 class ModelConfig:
     """Which model to load and how to run it. `model=None` is the embedded default
     (SmolLM2-135M-Instruct). `attention_backend="auto"` is triton on CUDA, torch elsewhere.
-    `quantization` ("int8" or "int4", CPU only) adds weight-only quantized copies of
-    the linear weights: steps with few sequences read far fewer weight bytes and
-    run faster, larger steps use the dequantized weights densely (so memory grows,
-    it does not shrink); outputs are those of the quantized model, not the
-    original (see `runner/linear.py`). "auto" (the default) picks the path the
+    `quantization` ("int8" or "int4", CPU only) serves the linear weights
+    weight-only quantized: every step reads a quarter or a half of bfloat16's
+    weight bytes and the model holds only those bytes; outputs are those of the
+    quantized model, not the original (see `runner/linear.py`). With
+    `dense_weight_copies` each quantized weight also keeps its dequantized values
+    densely, which steps of more than a few rows (long prompts, many sequences)
+    multiply faster, at four to eight times the weight memory. "auto" (the default) picks the path the
     stored weights fit: int4 or int8 on CPU for a GGUF whose linear weights are
     stored quantized, where the native kernels serve them (bfloat16 on
     AVX512-BF16, float32 on AVX2); none for float weights, on other CPUs and on CUDA
@@ -110,6 +112,7 @@ class ModelConfig:
     served_model_name: str | None = None
     attention_backend: AttentionBackendName = "auto"
     quantization: QuantizationMode | None = "auto"
+    dense_weight_copies: bool = False
     enforce_eager: bool = False
     tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
     lora_modules: tuple[tuple[str, str], ...] = ()

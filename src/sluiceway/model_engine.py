@@ -173,37 +173,33 @@ def _build_runner(
     from_blocks: bool,
 ) -> TorchModelRunner:
     """The runner over `loaded`'s weights, read one at a time. `from_blocks`: the
-    layers are built unquantized from the values the int4 kernels compute with,
-    then take their int4 weights from the GGUF's stored 4-bit blocks
-    (`checkpoint.stored_int4`) rather than quantizing those values again."""
-    from sluiceway.runner.checkpoint.stored_int4 import adopt_int4_blocks
+    int4 layer linears are packed from the GGUF's stored 4-bit blocks
+    (`checkpoint.stored_int4`) rather than read as values and quantized again."""
+    from sluiceway.runner.checkpoint.heap import loading_heap
+    from sluiceway.runner.checkpoint.stored_int4 import StoredInt4
     from sluiceway.runner.decode_graphs import default_batch_sizes
     from sluiceway.runner.loading import ModelLoadError
     from sluiceway.runner.model_runner import TorchModelRunner
 
-    if from_blocks:
-        assert loaded.read_options is not None
-        loaded.read_options.int4_scales_in = loaded.dtype
     try:
-        runner = TorchModelRunner.from_loaded(
-            loaded,
-            device=device,
-            attention=attention,
-            quantization=None if from_blocks else quantization,
-            block_size=engine.block_size,
-            num_blocks=engine.num_kv_blocks,
-            kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
-            cuda_graphs=False if model.enforce_eager else None,
-            graph_batch_sizes=default_batch_sizes(engine.max_num_seqs),
-        )
-        if from_blocks:
-            adopt_int4_blocks(runner.model, loaded.hf_config, loaded.state_dict())
+        with loading_heap():
+            return TorchModelRunner.from_loaded(
+                loaded,
+                device=device,
+                attention=attention,
+                quantization=quantization,
+                block_size=engine.block_size,
+                num_blocks=engine.num_kv_blocks,
+                kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
+                cuda_graphs=False if model.enforce_eager else None,
+                graph_batch_sizes=default_batch_sizes(engine.max_num_seqs),
+                stored=StoredInt4(loaded.hf_config, loaded.state_dict(), loaded.dtype)
+                if from_blocks
+                else None,
+                dense_copies=model.dense_weight_copies,
+            )
     except ValueError as exc:  # an architecture or shape this runner cannot serve
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None
-    finally:
-        if loaded.read_options is not None:
-            loaded.read_options.int4_scales_in = None
-    return runner
 
 
 def _dtype_name(loaded: LoadedModel) -> str:

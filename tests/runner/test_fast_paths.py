@@ -57,19 +57,26 @@ def test_float32_linear_stays_plain_f_linear():
 @pytest.mark.parametrize(("quantization", "tolerance"), [("int8", 0.02), ("int4", 0.12)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 7, 9, 40])
-def test_quantized_linear_is_close(dtype, quantization, tolerance, rows):
-    """Both paths (quantized kernel up to `quantized_max_rows`, dense beyond) stay
-    within the quantization's error of the original weight, also with an all-zero
-    row and a constant group (a zero scale would make them 0/0)."""
+@pytest.mark.parametrize("dense_copy", [True, False], ids=["dense-copy", "quantized-only"])
+def test_quantized_linear_is_close(dtype, quantization, tolerance, rows, dense_copy):
+    """Both paths (quantized kernel up to `quantized_max_rows`, dense beyond; the
+    kernel for every row count without a dense copy) stay within the
+    quantization's error of the original weight, also with an all-zero row and a
+    constant group (a zero scale would make them 0/0)."""
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(128, 64, generator=gen)
     weight[3] = 0.0
     weight[5, :32] = 0.25
     bias = torch.randn(128, generator=gen)
     x = torch.randn(rows, 64, generator=gen)
-    layer = Linear(weight.to(dtype), bias.to(dtype), quantization=quantization)
+    layer = Linear(
+        weight.to(dtype), bias.to(dtype), quantization=quantization, dense_copy=dense_copy
+    )
     assert layer.quantized is not None
-    assert layer.quantized_max_rows == default_quantized_max_rows(dtype)
+    if layer.weight is not None:
+        assert layer.quantized_max_rows == default_quantized_max_rows(dtype)
+    else:
+        assert not dense_copy and layer.quantized.serves_every_row_count()
     got = layer(x.to(dtype)).float()
     want = F.linear(x, weight, bias)
     assert (got - want).norm() / want.norm() < tolerance
@@ -83,7 +90,7 @@ def test_quantized_and_dense_paths_compute_the_same_weights(quantization):
     weight = torch.randn(96, 64, generator=gen)
     x = torch.randn(5, 64, generator=gen)
     quantized_path = Linear(weight, quantization=quantization)
-    dense_path = Linear(weight, quantization=quantization, quantized_max_rows=0)
+    dense_path = Linear(weight, quantization=quantization, quantized_max_rows=0, dense_copy=True)
     torch.testing.assert_close(quantized_path(x), dense_path(x), rtol=1e-5, atol=1e-5)
     # and the values really are quantized: not the original weight
     assert not torch.allclose(dense_path(x), F.linear(x, weight), rtol=1e-3, atol=1e-3)
@@ -94,7 +101,7 @@ def test_int4_levels_per_group():
     are represented within half a step."""
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(16, 64, generator=gen)
-    dense = Linear(weight, quantization="int4", quantized_max_rows=0).weight
+    dense = Linear(weight, quantization="int4", quantized_max_rows=0, dense_copy=True).weight
     for group in dense.reshape(-1, 32):
         assert len(torch.unique(group)) <= 16
     step = (weight.reshape(-1, 32).amax(1) - weight.reshape(-1, 32).amin(1)) / 15

@@ -44,7 +44,7 @@ def test_by_default_bfloat16_layers_take_the_kernel_and_float32_ones_keep_theirs
 def test_layers_take_the_kernel_for_the_rows_the_quantized_path_gets(dtype, quantization):
     gen = torch.Generator().manual_seed(1)
     weight = (torch.randn(48, 128, generator=gen) * 0.05).to(dtype)
-    layer = Linear(weight, quantization=quantization)
+    layer = Linear(weight, quantization=quantization, dense_copy=True)
     quantized = layer.quantized
     assert isinstance(quantized, (Int4Weight, Int8Weight)) and quantized.tiled is not None
     if isinstance(quantized, Int4Weight):
@@ -78,22 +78,21 @@ def test_int4_weights_built_from_stored_blocks_are_repacked_from_their_native_pa
     group_size, native)`: the tiles come from `native`, the same values the
     quantizer's own tiles hold."""
     gen = torch.Generator().manual_seed(2)
-    weight = (torch.randn(32, 128, generator=gen) * 0.05).to(dtype)
-    built, _ = Int4Weight.quantize(weight)
-    assert built.tiled is not None
     q = torch.randint(0, 16, (32, 128), generator=gen)
-    scale, offset = built.scales_and_offsets.float().unbind(-1)  # [groups, out]
-    scale, offset = scale.T.contiguous(), offset.T.contiguous()
+    scale = (torch.rand(32, 4, generator=gen) * 0.01 + 1e-3).to(dtype).float()
+    offset = (torch.randn(32, 4, generator=gen) * 0.05).to(dtype).float()
     native = (
         pack_int4(q, scale, offset) if dtype == torch.bfloat16 else pack_int4_f32(q, scale, offset)
     )
     adopted = Int4Weight(
         packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1),
-        scales_and_offsets=built.scales_and_offsets,
+        scales_and_offsets=torch.stack([scale.T, offset.T], dim=-1).to(dtype),
         group_size=32,
         native=native,
     )
     assert adopted.tiled is not None and adopted.native is None
+    # the tiles hold the scales and offsets: no second copy, and no torch packing
+    assert adopted.scales_and_offsets is None and adopted.packed is None
     scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     direct = kernel.pack_int4_tiles(q, scale, offset, scale_dtype)
     x = torch.randn(3, 128, generator=gen).to(dtype)

@@ -110,11 +110,62 @@ def test_a_k_quant_gguf_serves_its_dequantized_blocks(tmp_path, hf_greedy_fn, gr
     assert got == want
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_4bit_embedding_and_head_are_served_as_stored(
+    tmp_path, tied, dtype, hf_greedy_fn, greedy_driver_cls
+):
+    """A token embedding (and an untied head) stored in Q4_0 stays in its blocks:
+    the head takes them as its int4 weight, and token rows are read back from
+    them, never held as float values (tied, the head's blocks serve both)."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.linear import Int4Weight
+
+    model = _model("llama", tie_word_embeddings=tied)
+    path = tmp_path / "tiny-llama.Q4_0.gguf"
+    write_gguf(model, path, Q.Q4_0, embedding_type=Q.Q4_0)
+    bundle = load_bundle(
+        ModelConfig(model=str(path), dtype=dtype, quantization="int4"),
+        EngineConfig(num_kv_blocks=16),
+        progress=False,
+    )
+    runner_model = bundle.runner.model
+    assert runner_model.embed is None and runner_model.embed_rows is not None
+    head = runner_model.lm_head.quantized
+    assert isinstance(head, Int4Weight)
+    if tied and dtype == "bfloat16":
+        assert head.tiled is runner_model.embed_rows
+    embedding = torch.from_numpy(_stored(path, "token_embd.weight"))
+    ids = torch.tensor([0, 5, VOCAB_SIZE - 1, 5])
+    # float32 holds the stored values exactly; bfloat16 rounds the fp16 scales
+    # first, as every int4 weight there does, then the values.
+    got = runner_model.embed_tokens(ids)
+    if dtype == "float32":
+        assert torch.equal(got, embedding[ids])
+    else:
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), embedding[ids], rtol=2**-7, atol=2**-7)
+    output = embedding if tied else torch.from_numpy(_stored(path, "output.weight"))
+    if dtype == "float32":
+        assert torch.equal(head.values(torch.float32), output)
+    if dtype == "float32":
+        # float32's int4 kernels multiply by the stored values in float32: the
+        # greedy tokens of a float32 model holding the same values.
+        reference = load_model(str(path), dtype="float32", progress=False)
+        prompt = reference.tokenizer("The capital of France is")["input_ids"]
+        module = transformers_module(
+            reference.hf_config, reference.state_dict(), torch_dtype=torch.float32
+        )
+        want = hf_greedy_fn(module, prompt, NEW_TOKENS)
+        assert greedy_driver_cls(bundle.runner).generate([prompt], NEW_TOKENS)[0] == want
+
+
 @pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1], ids=["Q4_0", "Q4_1"])
 def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
     """On the int4 path the layers take the file's 4-bit blocks as they are: in
-    float32 the int4 weight's codes, scales and offsets, and the dense copy beside
-    it, are the stored values exactly (q/k back in transformers' row order)."""
+    float32 the int4 weight's codes, scales and offsets, and the values it holds,
+    are the stored values exactly (q/k back in transformers' row order)."""
     from sluiceway.config import EngineConfig, ModelConfig
     from sluiceway.model_engine import load_bundle
 
@@ -141,12 +192,14 @@ def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
     scales_and_offsets = layer.o.quantized.scales_and_offsets  # [groups, rows, 2]
     assert torch.equal(scales_and_offsets[..., 0].T, d)
     assert torch.equal(scales_and_offsets[..., 1].T, offsets)
-    assert torch.equal(layer.o.weight, torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+    o = layer.o.quantized.values(torch.float32)
+    assert torch.equal(o, torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
     q = _unpermute(_stored(path, "blk.1.attn_q.weight"), model.config.num_attention_heads)
-    assert torch.equal(layer.qkv.weight[: q.shape[0]], torch.from_numpy(q))
+    qkv = layer.qkv.quantized.values(torch.float32)
+    assert torch.equal(qkv[: q.shape[0]], torch.from_numpy(q))
     # Packed where the kernels look: their product is the dense one's, up to the
     # int8 rounding of the activations where those kernels run (a misplaced code
     # or scale would be off by the size of the product itself).
     x = torch.randn(4, layer.o.in_features)
-    dense = x @ layer.o.weight.T
+    dense = x @ o.T
     assert (layer.o(x) - dense).norm() < 0.05 * dense.norm()

@@ -113,7 +113,7 @@ def test_int8_is_the_product_with_the_dequantized_weight(out_features, in_featur
 def test_float32_linear_uses_them_up_to_its_row_limit_and_the_dense_weight_beyond(quantization):
     gen = torch.Generator().manual_seed(7)
     weight = torch.randn(128, 576, generator=gen) * 0.05
-    layer = Linear(weight, quantization=quantization)
+    layer = Linear(weight, quantization=quantization, dense_copy=True)
     limit = FLOAT32_QUANTIZED_MAX_ROWS
     assert layer.quantized_max_rows == limit
     quantized = layer.quantized

@@ -8,28 +8,30 @@ once at load time removes it and gives bit-identical results. float32 keeps
 
 Weight-only quantization (`"int8"`: one scale per output row; `"int4"`: groups of
 32 inputs with a scale and an offset each, the layout of llama.cpp's Q4_1) makes a
-decode step read a half or a quarter of bfloat16's weight bytes. A step with one
-row per sequence is bound by those bytes at small batches, so the quantized
-kernels win there; from about 8 rows on they lose to the dense bf16 matmul
-(`benchmarks/runner_ab.py`, `benchmarks/linear_paths.py`). So a quantized
-`Linear` keeps both: the packed quantized weight for calls with at most
-`quantized_max_rows` rows, and the dequantized weight, packed densely, for larger
-calls. Both compute with the same (quantized) weight values, so a sequence sees the
-same model whichever path its batch takes (in half precision the two round
-differently, a rounding apart).
-Where the CPU has integer SIMD dot products (AVX2, AVX-VNNI, AVX512-VNNI), a
-bfloat16 quantized weight is also repacked at construction into `native/int8_dot.c`'s
-tiles, whichever way it was built (quantized here, or from a checkpoint's own
-blocks), and that kernel serves the quantized calls: it quantizes the activations
-to int8 per block of 32 and reads each weight byte once, near the memory bound
-(`benchmarks/decode_bound.py`). The float-activation kernels serve the rest.
+decode step read a half or a quarter of bfloat16's weight bytes. Where the CPU
+has integer SIMD dot products (AVX2, AVX-VNNI, AVX512-VNNI), a bfloat16 quantized
+weight is packed at construction into `native/int8_dot.c`'s tiles, whichever way
+it was built (quantized here, or from a checkpoint's own blocks): that kernel
+quantizes the activations to int8 per block of 32 and reads each weight byte
+once, near the memory bound at few rows (`benchmarks/decode_bound.py`). float32
+keeps its float kernels (`native/quantized_matmul_f32.c`), which serve any row
+count as well.
+
+A quantized layer holds only its quantized bytes by default, and those kernels
+serve every call. From about 8 rows on (16 in float32) a dense matmul of the
+dequantized weight is faster (`benchmarks/linear_paths.py`: about 3x at 512
+rows in bfloat16), so `dense_copy` keeps the dequantized values as well, packed
+densely, for calls of more than `quantized_max_rows` rows: faster prefill and
+large batches, at four (bfloat16) to eight (float32) times the weight memory.
+Both compute with the same weight values, so a sequence sees the same model
+whichever path its batch takes (the kernels round differently, a rounding apart).
 The quantized kernels are CPU kernels, so quantization is refused on other
-devices. It is a speed option, not a memory one: a quantized layer holds its
-dense copy as well (bf16 plus a quarter to a half; int4 in bfloat16 on an
-AVX512-BF16 CPU adds the native kernel's copy as well).
+devices.
 """
 
 from __future__ import annotations
+
+import sys
 
 import attrs
 import torch
@@ -54,6 +56,8 @@ QUANTIZATIONS = (None, "int8", "int4")
 INT4_GROUP_SIZE = 32
 # Calls with more rows than this take the dense path; see the module docstring.
 QUANTIZED_MAX_ROWS = 8
+# Rows `Int8Weight.quantize` takes at a time.
+_QUANTIZE_ROWS = 8192
 # float32 with the AVX2 kernels (benchmarks/linear_paths.py --rows 8,16,24,32): up
 # to 16 rows the layers' int4 products are at least as fast as the dense ones, from
 # 24 the dense product wins. The output head's dense product is slow at few rows,
@@ -88,11 +92,13 @@ def _tiles_wanted(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and int8_dot_kernel.integer_level()
 
 
-def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
-    """`int8_dot`'s tiles of the values a native int4 packing holds: `pack_int4`'s
-    bfloat16 one (`(q - 8) * scale + offset`) or `pack_int4_f32`'s float32 one
-    (`q * scale + bias`, whose offset `bias + 8 * scale` is the stored one to a
-    float32 rounding)."""
+def _native_parts(
+    native: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(q [out, in] 0..15, scales, offsets [out, in / 32] float32)` of a native int4
+    packing: `pack_int4`'s bfloat16 one (`(q - 8) * scale + offset`) or
+    `pack_int4_f32`'s float32 one (`q * scale + bias`, whose offset `bias + 8 *
+    scale` is the stored one to a float32 rounding)."""
     out_features, row_bytes = native.shape
     scale_bytes = 2 if dtype == torch.bfloat16 else 4
     # nibbles in / 2 bytes, then in / 32 scales and as many offsets (or biases)
@@ -104,7 +110,13 @@ def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
     scales, offsets = values.chunk(2, dim=1)
     if scale_bytes == 4:
         offsets = offsets + 8.0 * scales
-    scale_dtype = torch.bfloat16 if scale_bytes == 2 else torch.float32
+    return q, scales, offsets
+
+
+def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
+    """`int8_dot`'s tiles of the values a native int4 packing holds (`_native_parts`)."""
+    q, scales, offsets = _native_parts(native, dtype)
+    scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
     return pack_int4_tiles(q, scales, offsets, scale_dtype)
 
 
@@ -144,30 +156,71 @@ def _positive_in(dtype: torch.dtype, scales: torch.Tensor) -> torch.Tensor:
 class Int8Weight:
     """Symmetric per-output-row int8: `w ~= q * scales[:, None]`."""
 
-    q: torch.Tensor  # int8 [out, in]
+    # int8 [out, in]; None once `tiled` holds the same values (nothing else reads it).
+    q: torch.Tensor | None
     scales: torch.Tensor  # [out], the activation dtype
     # The same values in `int8_dot`'s layout, packed at construction where that
     # kernel runs (see `_tiles_wanted`); None elsewhere.
     tiled: TiledWeight | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.tiled is None and self.q.dim() == 2 and _tiles_wanted(self.scales):
-            object.__setattr__(self, "tiled", pack_int8_tiles(self.q, self.scales))
+        if self.tiled is None and self.q is not None and self.q.dim() == 2:
+            if _tiles_wanted(self.scales):
+                object.__setattr__(self, "tiled", pack_int8_tiles(self.q, self.scales))
+        if self.tiled is not None:
+            object.__setattr__(self, "q", None)
+
+    def serves_every_row_count(self) -> bool:
+        """Whether `matmul` runs on a kernel at any row count (so a layer needs no
+        dense copy): `int8_dot`'s tiles, or float32's native kernel."""
+        if self.tiled is not None:
+            return True
+        assert self.q is not None
+        return (
+            self.scales.dtype == torch.float32
+            and self.q.shape[1] % 32 == 0
+            and quantized_matmul_f32_available()
+        )
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's values `[out, in]` in `dtype`: what `quantize` returned."""
+        if self.tiled is not None:
+            return int8_dot_kernel.unpack(self.tiled, dtype)
+        assert self.q is not None
+        return (self.q * self.scales.float()[:, None]).to(dtype)
 
     @classmethod
     def quantize(
-        cls, weight: torch.Tensor, row_absmax: torch.Tensor | None = None
-    ) -> tuple[Int8Weight, torch.Tensor]:
-        """The quantized weight and its float32 dequantized values. `row_absmax`
+        cls,
+        weight: torch.Tensor,
+        row_absmax: torch.Tensor | None = None,
+        *,
+        want_values: bool = True,
+    ) -> tuple[Int8Weight, torch.Tensor | None]:
+        """The quantized weight and its float32 dequantized values (None without
+        `want_values`). `row_absmax`
         (`[out]`, in `weight`'s dtype) is the largest |weight| of each whole row
         when `weight` holds only some of its columns (a tensor-parallel rank's
         row-parallel slice): each row is then scaled as the whole row is on one
         device, so the slices' partial products sum to that device's product."""
-        w = weight.to(torch.float32)
-        absmax = w.abs().amax(dim=1) if row_absmax is None else row_absmax.to(torch.float32)
-        scales = _positive_in(weight.dtype, absmax / 127.0)
-        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
-        return cls(q=q.to(torch.int8), scales=scales), q * scales.float()[:, None]
+        qs, all_scales, values = [], [], []
+        # A few thousand rows at a time: the float32 temporaries of a whole
+        # 128k-token output head are a gigabyte each. Rows are independent.
+        for start in range(0, weight.shape[0], _QUANTIZE_ROWS):
+            w = weight[start : start + _QUANTIZE_ROWS].to(torch.float32)
+            if row_absmax is None:
+                absmax = w.abs().amax(dim=1)
+            else:
+                absmax = row_absmax[start : start + _QUANTIZE_ROWS].to(torch.float32)
+            scales = _positive_in(weight.dtype, absmax / 127.0)
+            q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
+            del w
+            qs.append(q.to(torch.int8))
+            all_scales.append(scales)
+            if want_values:
+                values.append(q * scales.float()[:, None])
+        quantized = cls(q=torch.cat(qs), scales=torch.cat(all_scales))
+        return quantized, (torch.cat(values) if want_values else None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         # Decode rows: the int8-activation kernel where the layer has its tiles,
@@ -176,6 +229,7 @@ class Int8Weight:
         y = _tiled_matmul(self.tiled, x)
         if y is not None:
             return y
+        assert self.q is not None
         if x.dtype is torch.float32:
             y = int8_matmul_f32(x, self.q, self.scales)
             if y is not None:
@@ -193,16 +247,19 @@ class Int4Weight:
     `w ~= (q - 8) * scale[g] + offset[g]` with `q` in 0..15 (llama.cpp's Q4_1 up to
     where the offset sits).
 
-    Packed for `torch.ops.aten._weight_int4pack_mm_for_cpu` (`packed` with
-    `scales_and_offsets`) and, where a native kernel serves the dtype, in its layout
-    as well (`native`): for bfloat16 with AVX512-BF16, `int4_matvec` serves calls of
-    one row (faster whole batch-1 steps, see `native/quantized_matvec.c`); for
-    float32 with AVX2, `int4_matmul_f32` serves calls of any row count (torch's
-    kernel is several times slower than a dense float32 product there). torch's
-    kernel serves the rest. All compute with the same weight values."""
+    Held in one of three ways, each computing with the same weight values:
+    `int8_dot`'s tiles (`tiled`, the scales and offsets inside), which serve every
+    call; float32's native layout (`native`, with AVX2), where `int4_matmul_f32`
+    serves every call (torch's kernel is several times slower than a dense float32
+    product there); or torch's packing for `_weight_int4pack_mm_for_cpu` (`packed`
+    with `scales_and_offsets`), with bfloat16's native layout beside it where
+    `int4_matvec` serves calls of one row (AVX512-BF16, `native/quantized_matvec.c`)."""
 
-    packed: torch.Tensor  # uint8, torch's layout
-    scales_and_offsets: torch.Tensor  # [in // group_size, out, 2], the activation dtype
+    # uint8, torch's layout; None where `tiled` or float32's `native` serves every
+    # call (`serves_every_row_count`), which torch's kernel then never does.
+    packed: torch.Tensor | None
+    # [in // group_size, out, 2], the activation dtype; None once `tiled` holds them
+    scales_and_offsets: torch.Tensor | None
     group_size: int
     native: torch.Tensor | None = None  # uint8, `pack_int4`'s layout
     # The same values in `int8_dot`'s layout where that kernel runs (see
@@ -212,16 +269,44 @@ class Int4Weight:
     def __attrs_post_init__(self) -> None:
         # A weight built from its parts (a checkpoint's own int4 blocks) with a
         # native packing is repacked from it, so every int4 layer takes the tiles.
+        sz = self.scales_and_offsets
         if (
             self.tiled is None
             and self.native is not None
+            and sz is not None
             and self.group_size == 32
-            and _tiles_wanted(self.scales_and_offsets)
+            and _tiles_wanted(sz)
         ):
-            object.__setattr__(
-                self, "tiled", _tiles_from_native(self.native, self.scales_and_offsets.dtype)
-            )
+            object.__setattr__(self, "tiled", _tiles_from_native(self.native, sz.dtype))
             object.__setattr__(self, "native", None)
+        if self.serves_every_row_count():
+            object.__setattr__(self, "packed", None)
+        if self.tiled is not None:
+            object.__setattr__(self, "scales_and_offsets", None)
+
+    def serves_every_row_count(self) -> bool:
+        """Whether `matmul` runs on a native kernel at any row count (so a layer
+        needs no dense copy): `int8_dot`'s tiles, or float32's native kernel."""
+        sz = self.scales_and_offsets
+        return self.tiled is not None or (
+            self.native is not None and sz is not None and sz.dtype == torch.float32
+        )
+
+    def values(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's values `[out, in]` in `dtype`: `(q - 8) * scale + offset`
+        in float32, rounded once, what `quantize` returned. Held as tiles or a
+        native packing only (torch's packing is not read back)."""
+        if self.tiled is not None:
+            return int8_dot_kernel.unpack(self.tiled, dtype)
+        sz = self.scales_and_offsets
+        if self.native is None or sz is None:
+            raise ValueError("torch's int4 packing is not read back; only tiles and native ones")
+        q, _, _ = _native_parts(self.native, sz.dtype)
+        scales, offsets = sz.float().unbind(-1)  # [groups, out]
+        out_features, in_features = q.shape
+        grouped = q.float().reshape(out_features, -1, self.group_size)
+        values = (grouped - 8.0) * scales.T[..., None] + offsets.T[..., None]
+        return values.reshape(out_features, in_features).to(dtype)
 
     @classmethod
     def quantize(
@@ -255,7 +340,8 @@ class Int4Weight:
             elif weight.dtype == torch.float32 and quantized_matmul_f32_available():
                 native = pack_int4_f32(q_rows, scale[..., 0], offset[..., 0])
         packed = cls(
-            packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_rows, 1),
+            packed=None if tiled is not None or (native is not None and weight.dtype == torch.float32)
+            else torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_rows, 1),
             scales_and_offsets=sz.transpose(0, 1).contiguous().to(weight.dtype),
             group_size=group_size,
             native=native,
@@ -274,20 +360,12 @@ class Int4Weight:
                 y = int4_matvec(x, self.native) if x.shape[0] == 1 else None
             if y is not None:
                 return y
+        assert self.packed is not None and self.scales_and_offsets is not None, (
+            "every call takes a native kernel"
+        )
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, self.packed, self.group_size, self.scales_and_offsets
         )
-
-
-def quantize_weight(
-    weight: torch.Tensor, quantization: str, row_absmax: torch.Tensor | None = None
-) -> tuple[Int8Weight | Int4Weight, torch.Tensor]:
-    """`(quantized, dequantized float32 values)` for `quantization` "int8" or "int4".
-    `row_absmax`: see `Int8Weight.quantize`; int4 needs none (its groups lie
-    within a slice whose width is a multiple of the group size)."""
-    if quantization == "int8":
-        return Int8Weight.quantize(weight, row_absmax)
-    return Int4Weight.quantize(weight)
 
 
 def default_quantized_max_rows(dtype: torch.dtype, *, output_head: bool = False) -> int:
@@ -301,11 +379,15 @@ def default_quantized_max_rows(dtype: torch.dtype, *, output_head: bool = False)
 class Linear:
     """`y = x @ weight.T + bias` for `x [T, in]`, in the weight's dtype.
 
-    `kind` says how the dense weight is stored: "plain" (as given, `F.linear`) or
-    "mkldnn" (prepacked by oneDNN). With `quantization`, `quantized` holds the
-    quantized weight, used for calls of at most `quantized_max_rows` rows on CPU
-    (None: `default_quantized_max_rows`), and the dense weight is its dequantized
-    copy. `row_absmax` scales int8 rows by whole rows that `weight` holds only
+    `kind` says how the weight is stored: "plain" (as given, `F.linear`),
+    "mkldnn" (prepacked by oneDNN) or "quantized" (only `quantized`, no dense
+    copy). With `quantization`, `quantized` holds the quantized weight, used for
+    calls of at most `quantized_max_rows` rows on CPU (None:
+    `default_quantized_max_rows`). With `dense_copy` the dense weight is kept
+    beside it, the dequantized values, for larger calls; without it (where the
+    quantized weight serves every row count, `serves_every_row_count`) the
+    quantized weight serves every call and the layer holds only its quantized
+    bytes. `row_absmax` scales int8 rows by whole rows that `weight` holds only
     some columns of (see `Int8Weight.quantize`)."""
 
     def __init__(
@@ -316,6 +398,7 @@ class Linear:
         quantization: str | None = None,
         quantized_max_rows: int | None = None,
         row_absmax: torch.Tensor | None = None,
+        dense_copy: bool = False,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(
@@ -332,9 +415,65 @@ class Linear:
         if quantized_max_rows is None:
             quantized_max_rows = default_quantized_max_rows(weight.dtype)
         self.quantized_max_rows = quantized_max_rows
-        if quantization is not None:
-            self.quantized, dequantized = quantize_weight(weight, quantization, row_absmax)
-            weight = dequantized.to(weight.dtype)
+        if quantization is None:
+            self._store_dense(weight)
+            return
+        if quantization == "int8":
+            self.quantized, values = Int8Weight.quantize(
+                weight, row_absmax, want_values=dense_copy
+            )
+        else:
+            self.quantized, values = Int4Weight.quantize(weight)
+        if not dense_copy and self.quantized.serves_every_row_count():
+            self._quantized_only()
+            return
+        if values is None:
+            values = self.quantized.values(torch.float32)
+        self._store_dense(values.to(weight.dtype))
+
+    @classmethod
+    def from_quantized(
+        cls,
+        quantized: Int8Weight | Int4Weight,
+        dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+        *,
+        quantized_max_rows: int | None = None,
+        dense_copy: bool = False,
+    ) -> Linear:
+        """A layer over a weight already quantized (a checkpoint's own blocks),
+        computing in `dtype`, with or without its dense copy as `__init__`."""
+        layer = cls.__new__(cls)
+        layer.quantized = quantized
+        layer.bias = bias
+        layer.dtype = dtype
+        if quantized.tiled is not None:
+            layer.out_features = quantized.tiled.out_features
+            layer.in_features = quantized.tiled.in_features
+        elif isinstance(quantized, Int8Weight):
+            assert quantized.q is not None
+            layer.out_features, layer.in_features = quantized.q.shape
+        else:
+            assert quantized.scales_and_offsets is not None
+            groups, layer.out_features, _ = quantized.scales_and_offsets.shape
+            layer.in_features = groups * quantized.group_size
+        if quantized_max_rows is None:
+            quantized_max_rows = default_quantized_max_rows(dtype)
+        layer.quantized_max_rows = quantized_max_rows
+        if not dense_copy and quantized.serves_every_row_count():
+            layer._quantized_only()
+        else:
+            layer._store_dense(quantized.values(dtype))
+        return layer
+
+    weight: torch.Tensor | None  # None for kind "quantized"
+
+    def _quantized_only(self) -> None:
+        self.kind = "quantized"
+        self.weight = None
+        self.quantized_max_rows = sys.maxsize
+
+    def _store_dense(self, weight: torch.Tensor) -> None:
         if _mkldnn_packable(weight):
             self.kind = "mkldnn"
             # No batch-size hint: oneDNN then picks a layout that serves every batch
@@ -348,8 +487,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None and x.shape[0] <= self.quantized_max_rows:
-            out = self.quantized.matmul(x)
+            out = self.quantized.matmul(x.contiguous())
             return out if self.bias is None else out + self.bias
+        assert self.weight is not None, "a layer without a dense copy takes every call above"
         if self.kind == "mkldnn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -28,6 +28,7 @@ from sluiceway.runner.loading import LoadedModel
 from sluiceway.runner.lora.table import LoraTable
 from sluiceway.runner.models.architecture import ModelShape
 from sluiceway.runner.models.decoder import DecoderModel
+from sluiceway.runner.models.layer import StoredQuantized
 from sluiceway.runner.sampler import sample
 
 log = logging.getLogger(__name__)
@@ -177,12 +178,21 @@ class TorchModelRunner:
         cuda_graphs: bool | None = None,
         graph_batch_sizes: Sequence[int] | None = None,
         pooling: PoolingSpec | Literal[False] | None = None,
+        stored: StoredQuantized | None = None,
+        dense_copies: bool = False,
     ) -> None:
+        """`stored` and `dense_copies`: see `DecoderModel`."""
         if (num_blocks is None) == (kv_cache_bytes is None):
             raise ValueError("give exactly one of num_blocks or kv_cache_bytes")
         self.device = torch.device(device)
         self.model = DecoderModel.from_checkpoint(
-            hf_config, state_dict, dtype=dtype, device=self.device, quantization=quantization
+            hf_config,
+            state_dict,
+            dtype=dtype,
+            device=self.device,
+            quantization=quantization,
+            stored=stored,
+            dense_copies=dense_copies,
         )
         self.kv_cache = allocate_kv_cache(
             self.model.shape,
@@ -218,6 +228,8 @@ class TorchModelRunner:
         quantization: str | None = None,
         cuda_graphs: bool | None = None,
         graph_batch_sizes: Sequence[int] | None = None,
+        stored: StoredQuantized | None = None,
+        dense_copies: bool = False,
     ) -> TorchModelRunner:
         """Build from `load_model(...)`, in the loaded dtype."""
         return cls(
@@ -232,6 +244,8 @@ class TorchModelRunner:
             quantization=quantization,
             cuda_graphs=cuda_graphs,
             graph_batch_sizes=graph_batch_sizes,
+            stored=stored,
+            dense_copies=dense_copies,
             # A loaded model whose pooling this server does not compute has none.
             pooling=loaded.pooling if loaded.pooling is not None else False,
         )

@@ -32,18 +32,14 @@ class Int4Blocks:
     scales: torch.Tensor
     offsets: torch.Tensor
 
-    def values(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weights in `dtype`, computed in float32 from the scales and offsets
-        rounded to `dtype` first, as `Int4Weight` computes its dense copy (exactly the
-        stored values in float32)."""
+    def values(self) -> torch.Tensor:
+        """The weights in float32: exactly the stored values."""
         rows, cols = self.codes.shape
-        scale = self.scales.to(dtype).float()[:, :, None]
-        offset = self.offsets.to(dtype).float()[:, :, None]
         q = self.codes.view(rows, -1, GROUP).float()
         q -= 8.0
-        q *= scale
-        q += offset
-        return q.reshape(rows, cols).to(dtype)
+        q *= self.scales[:, :, None]
+        q += self.offsets[:, :, None]
+        return q.reshape(rows, cols)
 
 
 def _fp16(raw: torch.Tensor, start: int) -> torch.Tensor:

@@ -31,13 +31,10 @@ from sluiceway.runner.checkpoint.tensor_values import read_rows
 
 @attrs.define
 class ReadOptions:
-    """What every tensor of one load is read as: `dtype`, and `int4_scales_in`
-    (see `tensor_values.read_rows`), which the loader sets before the runner
-    builds its layers when they are served from the stored 4-bit blocks."""
+    """What every tensor of one load is read as: `dtype`."""
 
     dtype: torch.dtype
     progress: LoadProgress | None = None
-    int4_scales_in: torch.dtype | None = None
     seen: set[str] = attrs.Factory(set)
 
 
@@ -65,13 +62,7 @@ class GGUFTensor:
             values = read_rows(self.stored, torch.float32, first, last)
             values = (values - 1.0).to(self.options.dtype)
         else:
-            values = read_rows(
-                self.stored,
-                self.options.dtype,
-                first,
-                last,
-                int4_scales_in=self.options.int4_scales_in,
-            )
+            values = read_rows(self.stored, self.options.dtype, first, last)
         self._count(first, last)
         return self._finish(values, index, rest)
 

@@ -2,14 +2,13 @@
 
 The runtime int4 format has Q4_0's and Q4_1's groups of 32 (`block_codes`), so
 a model whose layers are all stored in those types keeps the stored codes and
-scales: the runner builds its layers unquantized, from values computed exactly
-as its int4 kernels compute them (`ReadOptions.int4_scales_in`), and
-`adopt_int4_blocks` then gives each layer's `Linear` the int4 weight packed from
-the blocks themselves, instead of quantizing those values again. In float32 the
-served weights are the stored ones bit for bit; in bfloat16 the scales (fp16 in
-the file) and Q4_1's offsets are rounded to bfloat16 as every int4 scale is, and
-the codes stay. The output head is int8, quantized from its values, as on the
-int4 path everywhere (`models.decoder`).
+scales: the runner builds each layer linear straight from its blocks
+(`StoredInt4`, which the layer builder asks first), packed into the int4
+kernels' layout one linear at a time, never as float values and never quantized
+again. In float32 the served weights are the stored ones bit for bit; in
+bfloat16 the scales (fp16 in the file) and Q4_1's offsets are rounded to
+bfloat16 as every int4 scale is, and the codes stay. The output head is int8,
+quantized from its values, as on the int4 path everywhere (`models.decoder`).
 """
 
 from __future__ import annotations
@@ -25,14 +24,10 @@ from sluiceway.runner.checkpoint.gguf_weights import concat_blocks
 from sluiceway.runner.linear import (
     INT4_GROUP_SIZE,
     Int4Weight,
-    Int8Weight,
-    Linear,
-    default_quantized_max_rows,
 )
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.weights import WeightView
-from sluiceway.runner.native.int8_dot import pack_int4_tiles
-from sluiceway.runner.native.layer_ops import layer_ops_for
+from sluiceway.runner.native.int8_dot import TiledWeight, pack_int4_tiles
 from sluiceway.runner.native.quantized_matmul_f32 import (
     pack_int4_f32,
     quantized_matmul_f32_available,
@@ -90,18 +85,11 @@ def _blocks(weights, view: WeightView) -> Int4Blocks:
     return weights[view.name].int4_blocks(index)
 
 
-@functools.cache
-def _tiles_packed(dtype: torch.dtype) -> bool:
-    """Whether `Int4Weight.quantize` packs a weight of `dtype` for the
-    int8-activation kernels here (asked of a 16x64 weight once)."""
-    return Int4Weight.quantize(torch.ones(16, 64, dtype=dtype))[0].tiled is not None
-
-
 def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
     """`blocks` in the runtime int4 layouts of `dtype`, as `Int4Weight.quantize`
     would pack the same codes, scales and offsets: the int8-activation kernels'
     tiles where it would pack those, else the native kernel's layout where one
-    serves `dtype`, and torch's packing always."""
+    serves `dtype`, and torch's packing where no native kernel serves every call."""
     cols = blocks.codes.shape[1]
     scale = blocks.scales.to(dtype).float()
     offset = blocks.offsets.to(dtype).float()
@@ -115,8 +103,11 @@ def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
         elif dtype == torch.float32 and quantized_matmul_f32_available():
             native = pack_int4_f32(blocks.codes, scale, offset)
     sz = torch.stack([scale, offset], dim=-1)  # [rows, groups, 2]
+    every_call_native = tiled is not None or (native is not None and dtype == torch.float32)
     return Int4Weight(
-        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1),
+        packed=None
+        if every_call_native
+        else torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1),
         scales_and_offsets=sz.transpose(0, 1).contiguous().to(dtype),
         group_size=INT4_GROUP_SIZE,
         native=native,
@@ -124,57 +115,56 @@ def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
     )
 
 
-# Rows of the output head quantized at a time: `Int8Weight.quantize` takes four
-# float32 copies of what it is given, a gigabyte each for a 128k-token head whole.
-_HEAD_ROWS = 8192
+@functools.cache
+def _tiles_packed(dtype: torch.dtype) -> bool:
+    """Whether `Int4Weight.quantize` packs a weight of `dtype` for the
+    int8-activation kernels here (asked of a 16x64 weight once)."""
+    return Int4Weight.quantize(torch.ones(16, 64, dtype=dtype))[0].tiled is not None
 
 
-def int8_head(weight: torch.Tensor) -> Linear:
-    """The output head's `Linear` on int8, as `Linear(weight, quantization="int8")`
-    builds it (one scale a row, the dense copy the dequantized rows), quantized a
-    few thousand rows at a time: rows are independent, so the result is the same."""
-    dtype = weight.dtype
-    qs, scales, dense = [], [], []
-    for start in range(0, weight.shape[0], _HEAD_ROWS):
-        part, values = Int8Weight.quantize(weight[start : start + _HEAD_ROWS])
-        qs.append(part.q)
-        scales.append(part.scales)
-        dense.append(values.to(dtype))
-    quantized = Int8Weight(q=torch.cat(qs), scales=torch.cat(scales))
-    del qs, scales
-    head = Linear(
-        torch.cat(dense), quantized_max_rows=default_quantized_max_rows(dtype, output_head=True)
-    )
-    head.quantized = quantized
-    return head
+class StoredInt4:
+    """The layer linears a checkpoint stores in Q4_0/Q4_1, as int4 weights of
+    `dtype` packed from their blocks: called with a linear's canonical part names
+    (`models.layer`'s, e.g. `layers.0.q.weight`, `layers.0.experts.3.down`), the
+    fused parts' weight, or None where a part is not stored in 4-bit blocks."""
 
+    def __init__(self, config, weights, dtype: torch.dtype) -> None:
+        self._views = family_for(config).weight_views(config, weights)
+        self._weights = weights
+        self._dtype = dtype
+        self._int4_types = {t.name for t in INT4_BLOCK_TYPES}
 
-def _linear(model, slot: str, path: tuple[int, ...]) -> Linear:
-    layer = model.layers[path[0]]
-    if len(path) == 2:
-        return getattr(layer.experts.experts[path[1]], slot)
-    return getattr(layer, slot)
+    def __call__(self, names: list[str]) -> Int4Weight | None:
+        blocks = self._stored_blocks(names)
+        return None if blocks is None else int4_weight(blocks, self._dtype)
 
+    def rows(self, name: str) -> TiledWeight | None:
+        """Weight `name` (the embedding) in `int8_dot`'s tiles, for reading rows
+        back (`int8_dot.unpack_rows`) rather than for products: packed whatever
+        kernels serve `dtype`, the scales and offsets in `dtype`. None where it is
+        not stored in 4-bit blocks."""
+        blocks = self._stored_blocks([name])
+        if blocks is None:
+            return None
+        scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
+        return pack_int4_tiles(
+            blocks.codes,
+            blocks.scales.to(self._dtype).float(),
+            blocks.offsets.to(self._dtype).float(),
+            scale_dtype,
+        )
 
-def adopt_int4_blocks(model, config, weights) -> int:
-    """Give every layer linear of `model` (a `DecoderModel` built unquantized from
-    `weights` read with `int4_scales_in`) its int4 weight from the stored blocks,
-    and the output head its int8 weight, as the int4 path serves them. Returns how
-    many linears took stored blocks."""
-    dtype = model.dtype
-    count = 0
-    for slot, path, views in _linear_views(config, weights):
-        linear = _linear(model, slot, path)
-        blocks = concat_blocks([_blocks(weights, v) for v in views if v is not None])
-        linear.quantized = int4_weight(blocks, dtype)
-        count += 1
-    head = model.embed
-    if not model.architecture.tie_word_embeddings:
-        view = family_for(config).weight_views(config, weights).get("lm_head")
-        if view is not None:
-            head = view.read(weights).to(dtype).contiguous()
-    model.lm_head = None  # its unquantized copy goes before the int8 one is built
-    model.lm_head = int8_head(head)
-    # Quantized float32 runs the native layer ops, as `DecoderModel` picks them.
-    model.ops = layer_ops_for(dtype, model.device, None, exact_float32=False)
-    return count
+    def _stored_blocks(self, names: list[str]) -> Int4Blocks | None:
+        parts = []
+        for name in names:
+            view = self._views.get(name)
+            if view is None:
+                return None
+            tensor = self._weights[view.name]
+            if getattr(tensor, "type_name", None) not in self._int4_types:
+                return None
+            if tensor.shape[-1] % INT4_GROUP_SIZE:
+                return None
+            parts.append(view)
+        blocks = concat_blocks([_blocks(self._weights, v) for v in parts])
+        return None if blocks.codes.shape[0] % 16 else blocks

@@ -34,14 +34,9 @@ def read_rows(
     dtype: torch.dtype,
     start: int = 0,
     stop: int | None = None,
-    *,
-    int4_scales_in: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Rows `start:stop` of `tensor` (as a matrix of its last dimension) in `dtype`,
-    `[rows, cols]`. `int4_scales_in`: Q4_0/Q4_1 values computed from scales and
-    offsets rounded to that dtype first (`Int4Blocks.values`), so that a dense copy
-    equals what the int4 kernels compute with. `CheckpointError` for a type no
-    decoder here knows."""
+    `[rows, cols]`. `CheckpointError` for a type no decoder here knows."""
     total = stored_rows(tensor)
     stop = total if stop is None else stop
     cols = tensor.shape[-1]
@@ -50,9 +45,7 @@ def read_rows(
     step = max(1, _CHUNK_ELEMENTS // cols)
     for first in range(start, stop, step):
         last = min(stop, first + step)
-        out[first - start : last - start] = _decode(
-            tensor, blocks[first:last], last - first, dtype, int4_scales_in
-        )
+        out[first - start : last - start] = _decode(tensor, blocks[first:last], last - first)
     return out
 
 
@@ -60,8 +53,6 @@ def _decode(
     tensor: StoredTensor,
     data: np.ndarray,
     rows: int,
-    dtype: torch.dtype,
-    int4_scales_in: torch.dtype | None,
 ) -> torch.Tensor:
     kind = tensor.ggml_type
     if kind in _FLOATS:
@@ -70,7 +61,7 @@ def _decode(
         return torch.from_numpy(np.array(data).view(np.int16).reshape(rows, -1)).view(torch.bfloat16)
     if kind in INT4_BLOCK_TYPES:
         blocks = int4_blocks(kind, data, rows)
-        return blocks.values(int4_scales_in or torch.float32)
+        return blocks.values()
     if kind == GGMLQuantizationType.Q8_0:
         return q8_0_values(data, rows)
     try:

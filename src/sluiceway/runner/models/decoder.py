@@ -26,11 +26,18 @@ from sluiceway.runner.linear import Linear, default_quantized_max_rows
 from sluiceway.runner.lora.rows import LoraRows
 from sluiceway.runner.masked_attention import MaskedAttentionPlan, masked_attention
 from sluiceway.runner.models.architecture import Architecture
-from sluiceway.runner.models.layer import LayerWeights, Weights, gemma_rms_norm, layer_weights
+from sluiceway.runner.models.layer import (
+    LayerWeights,
+    StoredQuantized,
+    Weights,
+    gemma_rms_norm,
+    layer_weights,
+)
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.rope import apply_rope, rope_frequencies
 from sluiceway.runner.models.weights import read_all
 from sluiceway.runner.native.decode_one import OneTokenDecode
+from sluiceway.runner.native.int8_dot import TiledWeight, unpack_rows
 from sluiceway.runner.native.layer_ops import NativeLayerOps, layer_ops_for
 
 log = logging.getLogger(__name__)
@@ -49,16 +56,35 @@ class DecoderModel:
         device: torch.device | str = "cpu",
         quantization: str | None = None,
         native_ops: bool | None = None,
+        stored: StoredQuantized | None = None,
+        dense_copies: bool = False,
     ) -> None:
         """`weights` are canonical (`models.weights`); `from_checkpoint` maps a
-        transformers state dict onto them."""
+        transformers state dict onto them. `stored` gives int4 linears the
+        checkpoint's own blocks (`checkpoint.stored_int4`); `dense_copies` keeps a
+        dense copy beside every quantized weight, for faster calls of many rows
+        (`linear.Linear`'s `dense_copy`) at several times the memory."""
         self.architecture: Architecture = family_for(config).architecture(config)
         self.shape = self.architecture.shape
         self.dtype = dtype
         self.device = torch.device(device)
-        w = Weights(weights, dtype, self.device)
-        self.embed = w.need("embed")
+        w = Weights(weights, dtype, self.device, stored=stored, dense_copies=dense_copies)
         arch = self.architecture
+        tied = arch.tie_word_embeddings
+        head_max_rows = default_quantized_max_rows(dtype, output_head=True)
+        # A head the checkpoint stores in 4-bit blocks is served as stored, as
+        # llama.cpp serves it, and an embedding stored so is looked up in its
+        # blocks (`int8_dot.unpack_rows`), never held as values; tied, both are
+        # one copy, the head's tiles.
+        if quantization != "int4":
+            stored = None
+        stored_head = None if stored is None else stored(["embed" if tied else "lm_head"])
+        self.embed_rows: TiledWeight | None = None
+        if tied and stored_head is not None and stored_head.tiled is not None:
+            self.embed_rows = stored_head.tiled
+        elif stored is not None:
+            self.embed_rows = stored.rows("embed")
+        self.embed = w.need("embed") if self.embed_rows is None else None
         self.final_norm = w.gemma_norm("final_norm") if arch.gemma_norms else w.need("final_norm")
         # transformers rounds the embedding scale to the weights' dtype first.
         self.embed_scale = (
@@ -66,16 +92,22 @@ class DecoderModel:
             if arch.embed_scale is None
             else torch.tensor(arch.embed_scale, dtype=dtype, device=self.device)
         )
-        lm_head = None if self.architecture.tie_word_embeddings else w.get("lm_head")
-        # The output projection is the most quantization-sensitive weight; like
-        # llama.cpp's 4-bit formats, int4 keeps it at 8 bits: a 4-bit head costs
-        # far more perplexity than all the 4-bit layers together
-        # (benchmarks/quantization_quality.py).
-        self.lm_head = Linear(
-            self.embed if lm_head is None else lm_head,
-            quantization="int8" if quantization == "int4" else quantization,
-            quantized_max_rows=default_quantized_max_rows(dtype, output_head=True),
-        )
+        if stored_head is not None:
+            self.lm_head = Linear.from_quantized(
+                stored_head, dtype, quantized_max_rows=head_max_rows, dense_copy=dense_copies
+            )
+        else:
+            # The output projection is the most quantization-sensitive weight; like
+            # llama.cpp's 4-bit formats, int4 keeps it at 8 bits: a 4-bit head costs
+            # far more perplexity than all the 4-bit layers together
+            # (benchmarks/quantization_quality.py).
+            head = self.embed if tied else w.get("lm_head")
+            self.lm_head = Linear(
+                w.need("embed") if head is None else head,
+                quantization="int8" if quantization == "int4" else quantization,
+                quantized_max_rows=head_max_rows,
+                dense_copy=dense_copies,
+            )
         self.layers = [
             layer_weights(self.architecture, w, i, quantization)
             for i in range(self.shape.num_layers)
@@ -198,6 +230,9 @@ class DecoderModel:
     # one device they are the plain operations.
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings `[T, hidden]` of `input_ids`."""
+        if self.embed_rows is not None:
+            return unpack_rows(self.embed_rows, input_ids, self.dtype)
+        assert self.embed is not None
         return F.embedding(input_ids, self.embed)
 
     def output_logits(self, normed: torch.Tensor) -> torch.Tensor:

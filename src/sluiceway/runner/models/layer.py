@@ -5,13 +5,15 @@ four matmuls."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import attrs
 import torch
 
-from sluiceway.runner.linear import Linear
+from sluiceway.runner.linear import Int4Weight, Linear
 from sluiceway.runner.models.architecture import Architecture
 from sluiceway.runner.models.experts import Expert, Experts
+from sluiceway.runner.native.int8_dot import TiledWeight
 
 
 @attrs.frozen
@@ -40,12 +42,64 @@ def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Te
     return (h * scale).to(x.dtype)
 
 
+class StoredQuantized(Protocol):
+    """A checkpoint's own quantized weights (`checkpoint.stored_int4.StoredInt4`)."""
+
+    def __call__(self, names: list[str]) -> Int4Weight | None:
+        """The fused weight of a linear's canonical part names, or None."""
+
+    def rows(self, name: str) -> TiledWeight | None:
+        """Weight `name` packed for reading rows back (the embedding), or None."""
+
+
 class Weights:
     """Canonical weights moved to the device in `dtype`, with the errors a
-    checkpoint that lacks one deserves."""
+    checkpoint that lacks one deserves. `stored` gives a linear the checkpoint's
+    own quantized weight where it has one; `dense_copies` is `Linear`'s
+    `dense_copy` for every quantized linear."""
 
-    def __init__(self, weights: Mapping[str, torch.Tensor], dtype, device) -> None:
+    def __init__(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        dtype,
+        device,
+        *,
+        stored: StoredQuantized | None = None,
+        dense_copies: bool = False,
+    ) -> None:
         self._weights, self._dtype, self._device = weights, dtype, device
+        self.stored = stored
+        self.dense_copies = dense_copies
+
+    def linear(
+        self,
+        names: list[str],
+        quantization: str | None,
+        *,
+        bias_names: list[str] | None = None,
+        row_absmax: str | None = None,
+    ) -> Linear:
+        """The `Linear` of the fused weights `names` (and biases `bias_names`):
+        from the checkpoint's own int4 blocks where `quantization` is int4 and it
+        stores them, else quantized here as `quantization` says."""
+        bias = self.fused(bias_names, required=False) if bias_names else None
+        if quantization == "int4" and self.stored is not None:
+            stored = self.stored(names)
+            if stored is not None:
+                return Linear.from_quantized(
+                    stored, self._dtype, bias, dense_copy=self.dense_copies
+                )
+        weight = self.fused(names, required=True)
+        # Rounded to the model's dtype like the weight: rounding is monotonic, so
+        # that is the largest of the rounded weights, as one device computes it.
+        absmax = self.get(row_absmax) if row_absmax is not None else None
+        return Linear(
+            weight,  # type: ignore[arg-type]
+            bias,
+            quantization=quantization,
+            row_absmax=absmax,
+            dense_copy=self.dense_copies,
+        )
 
     def get(self, name: str) -> torch.Tensor | None:
         tensor = self._weights.get(name)
@@ -83,12 +137,12 @@ def layer_weights(
     q = quantization
 
     def linear(names: list[str]) -> Linear:
-        weight = w.fused([f"{p}{n}.weight" for n in names], required=True)
-        bias = w.fused([f"{p}{n}.bias" for n in names], required=False)
-        # Rounded to the model's dtype like the weight: rounding is monotonic, so
-        # that is the largest of the rounded weights, as one device computes it.
-        absmax = w.get(f"{p}{names[0]}.row_absmax") if len(names) == 1 else None
-        return Linear(weight, bias, quantization=q, row_absmax=absmax)  # type: ignore[arg-type]
+        return w.linear(
+            [f"{p}{n}.weight" for n in names],
+            q,
+            bias_names=[f"{p}{n}.bias" for n in names],
+            row_absmax=f"{p}{names[0]}.row_absmax" if len(names) == 1 else None,
+        )
 
     experts = None
     gate_up = down = None
@@ -99,14 +153,11 @@ def layer_weights(
             router=w.need(f"{p}router"),
             experts=[
                 Expert(
-                    gate_up=Linear(
-                        w.fused([f"{p}experts.{e}.gate", f"{p}experts.{e}.up"], required=True),  # type: ignore[arg-type]
-                        quantization=q,
-                    ),
-                    down=Linear(
-                        w.need(f"{p}experts.{e}.down"),
-                        quantization=q,
-                        row_absmax=w.get(f"{p}experts.{e}.down.row_absmax"),
+                    gate_up=w.linear([f"{p}experts.{e}.gate", f"{p}experts.{e}.up"], q),
+                    down=w.linear(
+                        [f"{p}experts.{e}.down"],
+                        q,
+                        row_absmax=f"{p}experts.{e}.down.row_absmax",
                     ),
                 )
                 for e in range(arch.experts.num_experts)

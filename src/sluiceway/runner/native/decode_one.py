@@ -68,6 +68,7 @@ def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None]
     if (
         isinstance(quantized, Int8Weight)
         and quantized.scales.dtype == linear.dtype
+        and quantized.q is not None
         and quantized.q.is_contiguous()
         and _int8_kernel_takes(linear.dtype, linear.in_features)
     ):

@@ -567,3 +567,121 @@ int int8_dot(int bits, const void *x, int x_bf16, int64_t m, int64_t k, const ui
     release(&a);
     return 0;
 }
+
+/* ---- the weight's values back ------------------------------------------------------ */
+
+/* float32 -> bfloat16 as `float_to_bf16`, without its branch, so loops vectorize. */
+static inline uint16_t to_bf16_lanes(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (bits >> 16) | 0x40u;
+    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+/* One tile's values into y's rows `[rows, k]` (the tile's rows first .. first +
+ * rows - 1 of 16),
+ * float32 or bfloat16 (rounded to nearest even once, from the float32 value).
+ * int4: (q - 8) * scale + offset, int8: q * scale, each product and sum rounded to
+ * float32 on its own (this file builds with -std=c11, which keeps a * b + c two
+ * operations), so the values are those `Int4Weight.quantize` and
+ * `Int8Weight.quantize` compute. Each 64-byte piece (4 inputs of the 16 rows) is
+ * converted whole, its lanes' scales repeated, then its rows' 4 values stored. */
+static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_bytes, int first,
+                        int rows, void *y, int y_bf16) {
+    float scale[64], offset[64], lo[64], hi[64];
+    uint16_t lo16[64], hi16[64];
+    const int64_t blocks = (k + BLOCK - 1) / BLOCK;
+    const int64_t stride = bits == 4 ? 256 + 32 * scale_bytes : 512;
+    if (bits == 8) {
+        const uint8_t *scales = w + blocks * 512;
+        for (int i = 0; i < 64; ++i) scale[i] = scale_at(scales, i / 4, 4);
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *piece = w + b * stride;
+        if (bits == 4) {
+            for (int i = 0; i < 64; ++i) {
+                scale[i] = scale_at(piece + 256, i / 4, scale_bytes);
+                offset[i] = scale_at(piece + 256 + 16 * scale_bytes, i / 4, scale_bytes);
+            }
+        }
+        const int pieces = bits == 4 ? 4 : 8;
+        for (int s = 0; s < pieces; ++s) {
+            const uint8_t *bytes = piece + 64 * s;
+            /* columns of this piece's low values (and, int4, its high ones) */
+            const int64_t col = b * BLOCK + 4 * s, col_hi = b * BLOCK + 16 + 4 * s;
+            if (bits == 4) {
+                for (int i = 0; i < 64; ++i) {
+                    lo[i] = (float)((int)(bytes[i] & 15) - 8) * scale[i] + offset[i];
+                    hi[i] = (float)((int)(bytes[i] >> 4) - 8) * scale[i] + offset[i];
+                }
+            } else {
+                for (int i = 0; i < 64; ++i) lo[i] = (float)((int)bytes[i] - 128) * scale[i];
+            }
+            const int valid = col >= k ? 0 : k - col < 4 ? (int)(k - col) : 4;
+            if (y_bf16) {
+                for (int i = 0; i < 64; ++i) lo16[i] = to_bf16_lanes(lo[i]);
+                if (bits == 4)
+                    for (int i = 0; i < 64; ++i) hi16[i] = to_bf16_lanes(hi[i]);
+                for (int r = 0; r < rows; ++r) {
+                    uint16_t *out = (uint16_t *)y + r * k;
+                    memcpy(out + col, lo16 + 4 * (first + r), 2 * (size_t)valid);
+                    if (bits == 4) memcpy(out + col_hi, hi16 + 4 * (first + r), 8);
+                }
+            } else {
+                for (int r = 0; r < rows; ++r) {
+                    float *out = (float *)y + r * k;
+                    memcpy(out + col, lo + 4 * (first + r), 4 * (size_t)valid);
+                    if (bits == 4) memcpy(out + col_hi, hi + 4 * (first + r), 16);
+                }
+            }
+        }
+    }
+}
+
+/* y [rows, k] = the values of output rows row0 .. row0 + rows - 1 of the packed
+ * weight (`out` rows in all; row0 a multiple of TILE). Returns 0, or 1 for arguments
+ * it does not take. Runs to completion once called. */
+int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
+                    int64_t row0, int64_t rows, void *y, int y_bf16, int num_threads) {
+    if (k < 1 || out < 1 || rows < 0 || row0 < 0 || row0 % TILE || row0 + rows > out) return 1;
+    if (bits != 4 && bits != 8) return 1;
+    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+    const int64_t first = row0 / TILE, tiles = (rows + TILE - 1) / TILE;
+    const size_t value_bytes = y_bf16 ? 2 : 4;
+#pragma omp parallel num_threads(num_threads)
+    {
+        int64_t t, end;
+        thread_rows(tiles, &t, &end);
+        for (; t < end; ++t) {
+            const int64_t start = t * TILE;
+            const int count = rows - start < TILE ? (int)(rows - start) : TILE;
+            unpack_tile(bits, w + (first + t) * tile_bytes, k, scale_bytes, 0, count,
+                        (char *)y + (size_t)(start * k) * value_bytes, y_bf16);
+        }
+    }
+    return 0;
+}
+
+/* y [n, k] = the values of output rows ids[0 .. n - 1] (each in 0 .. out - 1: an
+ * embedding lookup in a tied head's tiles). Returns 0, or 1 for arguments it does
+ * not take (an id out of range included). Runs to completion once called. */
+int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
+                         const int64_t *ids, int64_t n, void *y, int y_bf16, int num_threads) {
+    if (k < 1 || out < 1 || n < 0 || (bits != 4 && bits != 8)) return 1;
+    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
+    for (int64_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= out) return 1;
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+    const size_t value_bytes = y_bf16 ? 2 : 4;
+#pragma omp parallel num_threads(n > 1 ? num_threads : 1)
+    {
+        int64_t i, end;
+        thread_rows(n, &i, &end);
+        for (; i < end; ++i)
+            unpack_tile(bits, w + (ids[i] / TILE) * tile_bytes, k, scale_bytes, (int)(ids[i] % TILE),
+                        1, (char *)y + (size_t)(i * k) * value_bytes, y_bf16);
+    }
+    return 0;
+}

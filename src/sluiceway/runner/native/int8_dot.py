@@ -37,6 +37,10 @@ def _lib():
     lib.int8_dot.restype = _N
     lib.int8_dot_quantize.argtypes = [_P, _N, _I, _I, _P, _P, _P, _N]
     lib.int8_dot_quantize.restype = None
+    lib.int8_dot_unpack.argtypes = [_N, _P, _I, _I, _N, _I, _I, _P, _N, _N]
+    lib.int8_dot_unpack.restype = _N
+    lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N]
+    lib.int8_dot_unpack_rows.restype = _N
     lib.int8_dot_best_level.argtypes = []
     lib.int8_dot_best_level.restype = _N
     return lib
@@ -182,6 +186,52 @@ def int8_dot(
     if status:
         raise ValueError("int8_dot refused its arguments")
     return y
+
+
+def unpack(
+    weight: TiledWeight, dtype: torch.dtype, rows: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """The weight's values `[out, in]` in `dtype` (bfloat16 or float32), or those of
+    output rows `rows` (half-open, the start a multiple of 16): `(q - 8) * scale +
+    offset` or `q * scale` in float32, rounded once to `dtype`, the values
+    `Int4Weight.quantize` and `Int8Weight.quantize` return for the same weight.
+    Needs the library (`available`). Runs to completion once called and releases
+    the GIL."""
+    start, stop = rows if rows is not None else (0, weight.out_features)
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"unpacks to bfloat16 or float32, not {dtype}")
+    y = torch.empty((stop - start, weight.in_features), dtype=dtype)
+    status = _lib().int8_dot_unpack(
+        weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
+        weight.scale_bytes, start, stop - start, y.data_ptr(), int(dtype == torch.bfloat16),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(f"cannot unpack rows {start}..{stop} of a {weight.out_features}-row weight")
+    return y
+
+
+def unpack_rows(weight: TiledWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The values `[len(ids), in]` in `dtype` of output rows `ids` (an embedding
+    lookup in a tied head's tiles), as `unpack` gives them. Raises ValueError for
+    an id out of range. Runs to completion once called and releases the GIL."""
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"unpacks to bfloat16 or float32, not {dtype}")
+    ids = ids.to(device="cpu", dtype=torch.int64).contiguous().view(-1)
+    y = torch.empty((ids.numel(), weight.in_features), dtype=dtype)
+    status = _lib().int8_dot_unpack_rows(
+        weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
+        weight.scale_bytes, ids.data_ptr(), ids.numel(), y.data_ptr(),
+        int(dtype == torch.bfloat16), torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(f"a row id is outside 0..{weight.out_features - 1}")
+    return y
+
+
+def available() -> bool:
+    """Whether the kernel library built here."""
+    return _lib() is not None
 
 
 def quantize_activations(

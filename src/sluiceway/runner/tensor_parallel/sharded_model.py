@@ -65,6 +65,7 @@ class ShardedDecoderModel(DecoderModel):
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.plan.vocab_start
         outside = (local < 0) | (local >= self.plan.vocab_per_rank)
+        assert self.embed is not None, "a rank reads its slice as values, never stored blocks"
         rows = F.embedding(local.clamp(0, self.plan.vocab_per_rank - 1), self.embed)
         rows.masked_fill_(outside[:, None], 0)
         return self.reduce(rows)
