@@ -210,3 +210,47 @@ def test_the_environment_caps_the_level(monkeypatch):
     finally:
         monkeypatch.delenv("SLUICEWAY_INT8_DOT_ISA")
         kernel.level.cache_clear()
+
+
+def _reference_int4_tiles(q, scales, offsets, scale_dtype) -> torch.Tensor:
+    """The tile layout `int8_dot.c` documents, built code by code: per tile and
+    group, piece s byte 4r + j = q[r, 32g + 4s + j] | q[r, 32g + 16 + 4s + j] << 4,
+    then the 16 rows' scales and offsets."""
+    rows, cols = q.shape
+    tiles, groups = -(-rows // 16), cols // 32
+    padded = torch.zeros(tiles * 16, cols, dtype=torch.int64)
+    padded[:rows] = q
+    out = []
+    for t in range(tiles):
+        tile = []
+        for g in range(groups):
+            block = bytearray(256)
+            for s in range(4):
+                for r in range(16):
+                    for j in range(4):
+                        low = int(padded[16 * t + r, 32 * g + 4 * s + j])
+                        high = int(padded[16 * t + r, 32 * g + 16 + 4 * s + j])
+                        block[64 * s + 4 * r + j] = low | high << 4
+            values = []
+            for part in (scales, offsets):
+                column = torch.zeros(16, dtype=scale_dtype)
+                column[: min(16, rows - 16 * t)] = part[16 * t : 16 * t + 16, g].to(scale_dtype)
+                values.append(column.view(torch.uint8))
+            tile.append(torch.cat([torch.tensor(list(block), dtype=torch.uint8), *values]))
+        out.append(torch.cat(tile))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+def test_int4_tiles_are_the_documented_layout_from_codes_or_stored_nibbles(scale_dtype):
+    """Tiles packed from codes, and from GGUF's Q4_0/Q4_1 code bytes (code j low,
+    code j + 16 high: moved, not unpacked), are the layout `int8_dot.c` reads,
+    byte for byte, rows past a whole tile too."""
+    q, scales, offsets = _int4(20, 64, scale_dtype, seed=9)
+    want = _reference_int4_tiles(q, scales, offsets, scale_dtype)
+    grouped = q.to(torch.uint8).view(20, 2, 32)
+    nibbles = (grouped[..., :16] | (grouped[..., 16:] << 4)).view(20, 32)
+    from_nibbles = kernel.pack_int4_nibble_tiles(nibbles, scales, offsets, scale_dtype)
+    assert torch.equal(from_nibbles.data, want)
+    assert torch.equal(kernel.pack_int4_tiles(q, scales, offsets, scale_dtype).data, want)
+    assert (from_nibbles.out_features, from_nibbles.in_features) == (20, 64)

@@ -24,17 +24,49 @@ TORCH_DECODED = INT4_BLOCK_TYPES | {GGMLQuantizationType.Q8_0}
 
 @attrs.frozen
 class Int4Blocks:
-    """Rows of 4-bit blocks as the runtime int4 format reads them: `codes` uint8
-    `[rows, cols]` in 0..15, `scales` and `offsets` float32 `[rows, cols / 32]`,
-    each weight `(codes - 8) * scale + offset` of its group."""
+    """Rows of 4-bit blocks as the runtime int4 format reads them: `nibbles`
+    uint8 `[rows, cols / 2]`, each group's 16 bytes as stored (byte j: weight j
+    in the low nibble, weight j + 16 in the high one), `scales` and `offsets`
+    float32 `[rows, cols / 32]`, each weight `(code - 8) * scale + offset` of its
+    group."""
 
-    codes: torch.Tensor
+    nibbles: torch.Tensor
     scales: torch.Tensor
     offsets: torch.Tensor
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, half = self.nibbles.shape
+        return rows, 2 * half
+
+    @property
+    def codes(self) -> torch.Tensor:
+        """The codes, uint8 `[rows, cols]` in 0..15 in weight order."""
+        rows, cols = self.shape
+        grouped = self.nibbles.view(rows, -1, GROUP // 2)
+        codes = torch.empty((rows, cols // GROUP, GROUP), dtype=torch.uint8)
+        torch.bitwise_and(grouped, 0xF, out=codes[..., : GROUP // 2])
+        torch.bitwise_right_shift(grouped, 4, out=codes[..., GROUP // 2 :])
+        return codes.view(rows, cols)
+
+    def rows(self, index) -> Int4Blocks:
+        """The rows `index` (a slice or an index tensor) of every part."""
+        return Int4Blocks(self.nibbles[index], self.scales[index], self.offsets[index])
+
+    @classmethod
+    def stacked(cls, parts: list[Int4Blocks]) -> Int4Blocks:
+        """Row-wise concatenation, as a fused layer stacks its parts."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            torch.cat([p.nibbles for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat([p.offsets for p in parts]),
+        )
+
     def values(self) -> torch.Tensor:
         """The weights in float32: exactly the stored values."""
-        rows, cols = self.codes.shape
+        rows, cols = self.shape
         q = self.codes.view(rows, -1, GROUP).float()
         q -= 8.0
         q *= self.scales[:, :, None]
@@ -48,13 +80,9 @@ def _fp16(raw: torch.Tensor, start: int) -> torch.Tensor:
 
 
 def _nibbles(raw: torch.Tensor, start: int) -> torch.Tensor:
-    """The 32 codes of every block, `[rows, blocks, 32]` uint8 in weight order.
-    Kept in uint8: wider intermediates cost several times as long."""
-    qs = raw[..., start : start + 16]
-    codes = torch.empty((*raw.shape[:2], GROUP), dtype=torch.uint8)
-    torch.bitwise_and(qs, 0xF, out=codes[..., :16])
-    torch.bitwise_right_shift(qs, 4, out=codes[..., 16:])
-    return codes
+    """The 16 code bytes of every block, `[rows, blocks * 16]` uint8 as stored."""
+    rows = raw.shape[0]
+    return raw[..., start : start + GROUP // 2].reshape(rows, -1).contiguous()
 
 
 def _blocks(data: np.ndarray, rows: int, size: int) -> torch.Tensor:
@@ -70,15 +98,15 @@ def int4_blocks(ggml_type: GGMLQuantizationType, data: np.ndarray, rows: int) ->
         raw = _blocks(data, rows, 18)
         d = _fp16(raw, 0)
         offsets = torch.zeros_like(d)
-        codes = _nibbles(raw, 2)
+        nibbles = _nibbles(raw, 2)
     elif ggml_type == GGMLQuantizationType.Q4_1:
         raw = _blocks(data, rows, 20)
         d, m = _fp16(raw, 0), _fp16(raw, 2)
         offsets = m + 8.0 * d
-        codes = _nibbles(raw, 4)
+        nibbles = _nibbles(raw, 4)
     else:
         raise ValueError(f"{ggml_type.name} is not a 4-bit block type of 32 weights")
-    return Int4Blocks(codes.reshape(rows, -1), d, offsets)
+    return Int4Blocks(nibbles, d, offsets)
 
 
 def q8_0_values(data: np.ndarray, rows: int) -> torch.Tensor:

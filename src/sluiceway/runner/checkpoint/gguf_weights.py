@@ -79,9 +79,7 @@ class GGUFTensor:
             whole = int4_blocks(self.stored.ggml_type, self.stored.blocks(), rows)
             self._count(0, rows)
             ordered = self.int4_order(whole)
-            return Int4Blocks(
-                ordered.codes[first:last], ordered.scales[first:last], ordered.offsets[first:last]
-            )
+            return ordered.rows(slice(first, last))
         data = self.stored.blocks()[first:last]
         blocks = int4_blocks(self.stored.ggml_type, data, last - first)
         self._count(first, last)
@@ -112,8 +110,7 @@ class GGUFTensor:
         """`blocks` of the whole tensor in transformers' row order."""
         if self.transform not in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
             return blocks
-        order = unpermute_order(blocks.codes.shape[0], self.heads)
-        return Int4Blocks(blocks.codes[order], blocks.scales[order], blocks.offsets[order])
+        return blocks.rows(unpermute_order(blocks.shape[0], self.heads))
 
     def _count(self, first: int, last: int) -> None:
         options = self.options
@@ -164,19 +161,7 @@ class StackedExperts:
         return torch.cat([part[i] for part, i in self._parts(index)], dim=0)
 
     def int4_blocks(self, index: Any) -> Int4Blocks:
-        parts = [part.int4_blocks(i) for part, i in self._parts(index)]
-        return concat_blocks(parts)
-
-
-def concat_blocks(parts: list[Int4Blocks]) -> Int4Blocks:
-    """Row-wise concatenation, as a fused layer stacks its parts."""
-    if len(parts) == 1:
-        return parts[0]
-    return Int4Blocks(
-        torch.cat([p.codes for p in parts]),
-        torch.cat([p.scales for p in parts]),
-        torch.cat([p.offsets for p in parts]),
-    )
+        return Int4Blocks.stacked([part.int4_blocks(i) for part, i in self._parts(index)])
 
 
 def gguf_weights(file: GGUFFile, config: Any, options: ReadOptions) -> LazyWeights:

@@ -20,14 +20,13 @@ from typing import Any
 import torch
 
 from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks
-from sluiceway.runner.checkpoint.gguf_weights import concat_blocks
 from sluiceway.runner.linear import (
     INT4_GROUP_SIZE,
     Int4Weight,
 )
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.weights import WeightView
-from sluiceway.runner.native.int8_dot import TiledWeight, pack_int4_tiles
+from sluiceway.runner.native.int8_dot import TiledWeight, pack_int4_nibble_tiles
 from sluiceway.runner.native.quantized_matmul_f32 import (
     pack_int4_f32,
     quantized_matmul_f32_available,
@@ -90,28 +89,31 @@ def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
     would pack the same codes, scales and offsets: the int8-activation kernels'
     tiles where it would pack those, else the native kernel's layout where one
     serves `dtype`, and torch's packing where no native kernel serves every call."""
-    cols = blocks.codes.shape[1]
+    cols = blocks.shape[1]
     scale = blocks.scales.to(dtype).float()
     offset = blocks.offsets.to(dtype).float()
-    native = tiled = None
     if _tiles_packed(dtype):
         scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        tiled = pack_int4_tiles(blocks.codes, scale, offset, scale_dtype)
-    elif cols % 64 == 0:
+        tiled = pack_int4_nibble_tiles(blocks.nibbles, scale, offset, scale_dtype)
+        return Int4Weight(
+            packed=None, scales_and_offsets=None, group_size=INT4_GROUP_SIZE, tiled=tiled
+        )
+    codes = blocks.codes
+    native = None
+    if cols % 64 == 0:
         if dtype == torch.bfloat16 and int4_matvec_available(cols):
-            native = pack_int4(blocks.codes, scale, offset)
+            native = pack_int4(codes, scale, offset)
         elif dtype == torch.float32 and quantized_matmul_f32_available():
-            native = pack_int4_f32(blocks.codes, scale, offset)
+            native = pack_int4_f32(codes, scale, offset)
     sz = torch.stack([scale, offset], dim=-1)  # [rows, groups, 2]
-    every_call_native = tiled is not None or (native is not None and dtype == torch.float32)
+    every_call_native = native is not None and dtype == torch.float32
     return Int4Weight(
         packed=None
         if every_call_native
-        else torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1),
+        else torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1),
         scales_and_offsets=sz.transpose(0, 1).contiguous().to(dtype),
         group_size=INT4_GROUP_SIZE,
         native=native,
-        tiled=tiled,
     )
 
 
@@ -147,8 +149,8 @@ class StoredInt4:
         if blocks is None:
             return None
         scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
-        return pack_int4_tiles(
-            blocks.codes,
+        return pack_int4_nibble_tiles(
+            blocks.nibbles,
             blocks.scales.to(self._dtype).float(),
             blocks.offsets.to(self._dtype).float(),
             scale_dtype,
@@ -166,5 +168,5 @@ class StoredInt4:
             if tensor.shape[-1] % INT4_GROUP_SIZE:
                 return None
             parts.append(view)
-        blocks = concat_blocks([_blocks(self._weights, v) for v in parts])
-        return None if blocks.codes.shape[0] % 16 else blocks
+        blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in parts])
+        return None if blocks.shape[0] % 16 else blocks

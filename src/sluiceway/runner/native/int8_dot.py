@@ -105,22 +105,38 @@ def pack_int4_tiles(
     out_features, in_features = q.shape
     if in_features % BLOCK:
         raise ValueError(f"int4 tiles need input features divisible by {BLOCK}, not {in_features}")
+    grouped = q.to(torch.uint8).view(out_features, -1, BLOCK)
+    nibbles = grouped[..., : BLOCK // 2] | (grouped[..., BLOCK // 2 :] << 4)
+    return pack_int4_nibble_tiles(nibbles.view(out_features, -1), scales, offsets, scale_dtype)
+
+
+def pack_int4_nibble_tiles(
+    nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, scale_dtype: torch.dtype
+) -> TiledWeight:
+    """`pack_int4_tiles` of codes given as GGUF's Q4_0/Q4_1 stores them: `nibbles`
+    uint8 `[out, in / 2]`, each group's byte j holding code j in its low nibble and
+    code j + 16 in its high one. The tiles' 4-byte pieces are those bytes as they
+    are, so this only moves them."""
+    out_features, half = nibbles.shape
+    in_features = 2 * half
+    if in_features % BLOCK:
+        raise ValueError(f"int4 tiles need input features divisible by {BLOCK}, not {in_features}")
     if scale_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"int4 tile scales are bfloat16 or float32, not {scale_dtype}")
     tiles = -(-out_features // TILE)
     groups = in_features // BLOCK
-    q = _pad_rows(q.to(torch.uint8), tiles * TILE)
-    # (tile, row, group, half, piece, byte) -> (tile, group, half, piece, row, byte)
-    q = q.view(tiles, TILE, groups, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)
-    nibbles = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(tiles, groups, 256)
+    words = _pad_rows(nibbles.contiguous(), tiles * TILE).view(torch.int32)
+    # (tile, row, group, piece) -> (tile, group, piece, row), 4 bytes each
+    pieces = words.view(tiles, TILE, groups, 4).permute(0, 2, 3, 1).contiguous()
 
     def per_tile(values: torch.Tensor) -> torch.Tensor:
         values = _pad_rows(values.to(scale_dtype), tiles * TILE)
         return values.view(tiles, TILE, groups).transpose(1, 2).contiguous().view(torch.uint8)
 
-    data = torch.cat([nibbles, per_tile(scales), per_tile(offsets)], dim=2)
+    codes = pieces.view(torch.uint8).view(tiles, groups, 256)
+    data = torch.cat([codes, per_tile(scales), per_tile(offsets)], dim=2)
     return TiledWeight(
-        data=data.reshape(tiles, -1).contiguous(),
+        data=data.reshape(tiles, -1),
         bits=4,
         out_features=out_features,
         in_features=in_features,
