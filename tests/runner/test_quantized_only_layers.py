@@ -51,8 +51,11 @@ def test_unpacked_int4_tiles_are_their_values(scale_dtype):
     )
     tiled = kernel.pack_int4_tiles(q, scales, offsets, scale_dtype)
     for dtype in (torch.bfloat16, torch.float32):
-        assert torch.equal(kernel.unpack(tiled, dtype), values.to(dtype))
-        assert torch.equal(kernel.unpack(tiled, dtype, (16, 40)), values[16:].to(dtype))
+        for level in range(kernel.best_level() + 1):  # AVX512's own path, and C's
+            got = kernel.unpack(tiled, dtype, level_cap=level)
+            assert torch.equal(got, values.to(dtype)), kernel.LEVELS[level]
+            rows = kernel.unpack(tiled, dtype, (16, 40), level_cap=level)
+            assert torch.equal(rows, values[16:].to(dtype)), kernel.LEVELS[level]
     with pytest.raises(ValueError, match="cannot unpack"):
         kernel.unpack(tiled, torch.float32, (8, 24))
 
@@ -94,6 +97,7 @@ def test_a_layer_without_a_dense_copy_serves_every_row_count_on_its_kernel(dtype
     assert torch.equal(quantized.values(dtype), dense)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(100, 128, generator=gen).to(dtype)
+    assert 100 < linear.DEQUANTIZED_MIN_ROWS
     for rows in (1, 9, 100):
         got = layer(x[:rows])
         if quantized.tiled is not None:
@@ -145,7 +149,29 @@ def test_rows_unpacked_by_id_are_the_weights_rows(quantization):
     ids = torch.tensor([47, 0, 17, 17, 31, 16, 5])
     for dtype in (torch.bfloat16, torch.float32):
         whole = kernel.unpack(tiled, dtype)
-        assert torch.equal(kernel.unpack_rows(tiled, ids, dtype), whole[ids])
+        for level in range(kernel.best_level() + 1):
+            got = kernel.unpack_rows(tiled, ids, dtype, level_cap=level)
+            assert torch.equal(got, whole[ids]), kernel.LEVELS[level]
         assert kernel.unpack_rows(tiled, ids[:0], dtype).shape == (0, whole.shape[1])
     with pytest.raises(ValueError, match="outside"):
         kernel.unpack_rows(tiled, torch.tensor([48]), torch.float32)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_long_calls_multiply_by_the_unpacked_values_a_slab_at_a_time(quantization, monkeypatch):
+    """From `DEQUANTIZED_MIN_ROWS` rows on (a long prompt), a layer on tiles
+    multiplies by its values densely, a slab of output rows at a time (the last
+    one short here): the product of the same values, to a bfloat16 rounding."""
+    monkeypatch.setattr(linear, "_SLAB_ELEMENTS", 32 * 128)  # slabs of 32 rows
+    weight = _weight(80, 128, torch.bfloat16, seed=6)
+    bias = torch.randn(80).to(torch.bfloat16)
+    layer = Linear(weight, bias, quantization=quantization, dense_copy=False)
+    quantized = layer.quantized
+    assert quantized is not None and quantized.tiled is not None
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(linear.DEQUANTIZED_MIN_ROWS, 128, generator=gen).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x, quantized.values(torch.bfloat16), bias)
+    got = layer(x)
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7)
+    # not the int8-activation kernel's product, which is further off
+    assert not torch.equal(got, kernel.int8_dot(x, quantized.tiled) + bias)

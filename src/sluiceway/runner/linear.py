@@ -18,11 +18,14 @@ keeps its float kernels (`native/quantized_matmul_f32.c`), which serve any row
 count as well.
 
 A quantized layer holds only its quantized bytes by default, and those kernels
-serve every call. From about 8 rows on (16 in float32) a dense matmul of the
-dequantized weight is faster (`benchmarks/linear_paths.py`: about 3x at 512
-rows in bfloat16), so `dense_copy` keeps the dequantized values as well, packed
-densely, for calls of more than `quantized_max_rows` rows: faster prefill and
-large batches, at four (bfloat16) to eight (float32) times the weight memory.
+serve every call, but for calls of `DEQUANTIZED_MIN_ROWS` rows and more on
+tiles (long prompts), which multiply by the values unpacked from the tiles a
+slab at a time, densely. From about 8 rows on (16 in float32) a dense matmul of
+a weight kept dequantized is faster still (`benchmarks/linear_paths.py`: about
+3x `int8_dot` at 512 rows in bfloat16), so `dense_copy` keeps the dequantized
+values as well, packed densely, for calls of more than `quantized_max_rows`
+rows: faster prefill and large batches, at four (bfloat16) to eight (float32)
+times the weight memory.
 Both compute with the same weight values, so a sequence sees the same model
 whichever path its batch takes (the kernels round differently, a rounding apart).
 The quantized kernels are CPU kernels, so quantization is refused on other
@@ -58,6 +61,12 @@ INT4_GROUP_SIZE = 32
 QUANTIZED_MAX_ROWS = 8
 # Rows `Int8Weight.quantize` takes at a time.
 _QUANTIZE_ROWS = 8192
+# From this many rows on, a layer without a dense copy multiplies by its values
+# unpacked from the tiles a slab of output rows at a time (`_SLAB_ELEMENTS`
+# weights, a few MB that stay in the heap between calls), densely: at 128 rows
+# and more that is faster than `int8_dot` (`benchmarks/dense_copies.py`).
+DEQUANTIZED_MIN_ROWS = 128
+_SLAB_ELEMENTS = 1 << 22
 # float32 with the AVX2 kernels (benchmarks/linear_paths.py --rows 8,16,24,32): up
 # to 16 rows the layers' int4 products are at least as fast as the dense ones, from
 # 24 the dense product wins. The output head's dense product is slow at few rows,
@@ -468,6 +477,16 @@ class Linear:
 
     weight: torch.Tensor | None  # None for kind "quantized"
 
+    def _through_slabs(self, tiled: TiledWeight, x: torch.Tensor) -> torch.Tensor:
+        """`x` times the weight's values, unpacked a slab of output rows at a time
+        and multiplied densely (see `DEQUANTIZED_MIN_ROWS`)."""
+        rows = max(16, _SLAB_ELEMENTS // self.in_features // 16 * 16)
+        y = torch.empty((x.shape[0], self.out_features), dtype=x.dtype)
+        for start in range(0, self.out_features, rows):
+            stop = min(self.out_features, start + rows)
+            y[:, start:stop] = F.linear(x, int8_dot_kernel.unpack(tiled, x.dtype, (start, stop)))
+        return y
+
     def _quantized_only(self) -> None:
         self.kind = "quantized"
         self.weight = None
@@ -487,7 +506,11 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None and x.shape[0] <= self.quantized_max_rows:
-            out = self.quantized.matmul(x.contiguous())
+            tiled = self.quantized.tiled
+            if self.weight is None and tiled is not None and x.shape[0] >= DEQUANTIZED_MIN_ROWS:
+                out = self._through_slabs(tiled, x)
+            else:
+                out = self.quantized.matmul(x.contiguous())
             return out if self.bias is None else out + self.bias
         assert self.weight is not None, "a layer without a dense copy takes every call above"
         if self.kind == "mkldnn":

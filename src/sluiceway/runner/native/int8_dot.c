@@ -639,11 +639,86 @@ static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_bytes, 
     }
 }
 
+#if X86
+/* float32 -> bfloat16 of 16 lanes as `to_bf16_lanes` does each. */
+static AVX512 __m256i bf16_lanes_512(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                                   _mm512_set1_epi32(0x7f800000));
+    rounded = _mm512_mask_mov_epi32(rounded, nan,
+                                    _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(rounded);
+}
+
+/* `unpack_tile` for int4 with AVX512: a group's four pieces are transposed so each
+ * row's 16 code bytes lie together, then 16 values at a time, the same arithmetic
+ * (a product and a sum, each rounded on its own) and the same rounding. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void unpack_int4_tile_512(
+    const uint8_t *w, int64_t k, int scale_bytes, int first, int rows, void *y, int y_bf16) {
+    const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
+    const __m512i low4 = _mm512_set1_epi32(15);
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    uint8_t by_row[256] __attribute__((aligned(64)));
+    for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t *piece = w + g * stride;
+        const __m512i p0 = _mm512_loadu_si512(piece), p1 = _mm512_loadu_si512(piece + 64);
+        const __m512i p2 = _mm512_loadu_si512(piece + 128), p3 = _mm512_loadu_si512(piece + 192);
+        const __m512i t0 = _mm512_unpacklo_epi32(p0, p1), t1 = _mm512_unpackhi_epi32(p0, p1);
+        const __m512i t2 = _mm512_unpacklo_epi32(p2, p3), t3 = _mm512_unpackhi_epi32(p2, p3);
+        /* by_row[64 i + 16 L ..] holds row 4 L + i's 16 bytes */
+        _mm512_store_si512(by_row, _mm512_unpacklo_epi64(t0, t2));
+        _mm512_store_si512(by_row + 64, _mm512_unpackhi_epi64(t0, t2));
+        _mm512_store_si512(by_row + 128, _mm512_unpacklo_epi64(t1, t3));
+        _mm512_store_si512(by_row + 192, _mm512_unpackhi_epi64(t1, t3));
+        const uint8_t *scales = piece + 256, *offsets = scales + 16 * scale_bytes;
+        for (int r = first; r < first + rows; ++r) {
+            const __m512i bytes = _mm512_cvtepu8_epi32(
+                _mm_load_si128((const __m128i *)(by_row + 64 * (r & 3) + 16 * (r >> 2))));
+            const __m512 scale = _mm512_set1_ps(scale_at(scales, r, scale_bytes));
+            const __m512 offset = _mm512_set1_ps(scale_at(offsets, r, scale_bytes));
+            const __m512 lo = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, low4)), eight), scale),
+                offset);
+            const __m512 hi = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), eight), scale),
+                offset);
+            if (y_bf16) {
+                uint16_t *out = (uint16_t *)y + (r - first) * k + g * BLOCK;
+                _mm256_storeu_si256((__m256i *)out, bf16_lanes_512(lo));
+                _mm256_storeu_si256((__m256i *)(out + 16), bf16_lanes_512(hi));
+            } else {
+                float *out = (float *)y + (r - first) * k + g * BLOCK;
+                _mm512_storeu_ps(out, lo);
+                _mm512_storeu_ps(out + 16, hi);
+            }
+        }
+    }
+}
+#endif
+
+/* `unpack_tile`, on AVX512 where this CPU has it (`level` 3). */
+static void unpack_tile_at(int level, int bits, const uint8_t *w, int64_t k, int scale_bytes,
+                           int first, int rows, void *y, int y_bf16) {
+#if X86
+    if (level == LEVEL_AVX512VNNI && bits == 4) {
+        unpack_int4_tile_512(w, k, scale_bytes, first, rows, y, y_bf16);
+        return;
+    }
+#else
+    (void)level;
+#endif
+    unpack_tile(bits, w, k, scale_bytes, first, rows, y, y_bf16);
+}
+
 /* y [rows, k] = the values of output rows row0 .. row0 + rows - 1 of the packed
  * weight (`out` rows in all; row0 a multiple of TILE). Returns 0, or 1 for arguments
  * it does not take. Runs to completion once called. */
 int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
-                    int64_t row0, int64_t rows, void *y, int y_bf16, int num_threads) {
+                    int64_t row0, int64_t rows, void *y, int y_bf16, int level, int num_threads) {
+    if (level > int8_dot_best_level()) level = int8_dot_best_level();
     if (k < 1 || out < 1 || rows < 0 || row0 < 0 || row0 % TILE || row0 + rows > out) return 1;
     if (bits != 4 && bits != 8) return 1;
     if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
@@ -657,8 +732,8 @@ int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scal
         for (; t < end; ++t) {
             const int64_t start = t * TILE;
             const int count = rows - start < TILE ? (int)(rows - start) : TILE;
-            unpack_tile(bits, w + (first + t) * tile_bytes, k, scale_bytes, 0, count,
-                        (char *)y + (size_t)(start * k) * value_bytes, y_bf16);
+            unpack_tile_at(level, bits, w + (first + t) * tile_bytes, k, scale_bytes, 0, count,
+                           (char *)y + (size_t)(start * k) * value_bytes, y_bf16);
         }
     }
     return 0;
@@ -668,7 +743,9 @@ int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scal
  * embedding lookup in a tied head's tiles). Returns 0, or 1 for arguments it does
  * not take (an id out of range included). Runs to completion once called. */
 int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
-                         const int64_t *ids, int64_t n, void *y, int y_bf16, int num_threads) {
+                         const int64_t *ids, int64_t n, void *y, int y_bf16, int level,
+                         int num_threads) {
+    if (level > int8_dot_best_level()) level = int8_dot_best_level();
     if (k < 1 || out < 1 || n < 0 || (bits != 4 && bits != 8)) return 1;
     if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
     for (int64_t i = 0; i < n; ++i)
@@ -680,8 +757,8 @@ int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int
         int64_t i, end;
         thread_rows(n, &i, &end);
         for (; i < end; ++i)
-            unpack_tile(bits, w + (ids[i] / TILE) * tile_bytes, k, scale_bytes, (int)(ids[i] % TILE),
-                        1, (char *)y + (size_t)(i * k) * value_bytes, y_bf16);
+            unpack_tile_at(level, bits, w + (ids[i] / TILE) * tile_bytes, k, scale_bytes,
+                           (int)(ids[i] % TILE), 1, (char *)y + (size_t)(i * k) * value_bytes, y_bf16);
     }
     return 0;
 }

@@ -37,9 +37,9 @@ def _lib():
     lib.int8_dot.restype = _N
     lib.int8_dot_quantize.argtypes = [_P, _N, _I, _I, _P, _P, _P, _N]
     lib.int8_dot_quantize.restype = None
-    lib.int8_dot_unpack.argtypes = [_N, _P, _I, _I, _N, _I, _I, _P, _N, _N]
+    lib.int8_dot_unpack.argtypes = [_N, _P, _I, _I, _N, _I, _I, _P, _N, _N, _N]
     lib.int8_dot_unpack.restype = _N
-    lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N]
+    lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N, _N]
     lib.int8_dot_unpack_rows.restype = _N
     lib.int8_dot_best_level.argtypes = []
     lib.int8_dot_best_level.restype = _N
@@ -205,14 +205,18 @@ def int8_dot(
 
 
 def unpack(
-    weight: TiledWeight, dtype: torch.dtype, rows: tuple[int, int] | None = None
+    weight: TiledWeight,
+    dtype: torch.dtype,
+    rows: tuple[int, int] | None = None,
+    *,
+    level_cap: int | None = None,
 ) -> torch.Tensor:
     """The weight's values `[out, in]` in `dtype` (bfloat16 or float32), or those of
     output rows `rows` (half-open, the start a multiple of 16): `(q - 8) * scale +
     offset` or `q * scale` in float32, rounded once to `dtype`, the values
-    `Int4Weight.quantize` and `Int8Weight.quantize` return for the same weight.
-    Needs the library (`available`). Runs to completion once called and releases
-    the GIL."""
+    `Int4Weight.quantize` and `Int8Weight.quantize` return for the same weight, at
+    every ISA level (`level_cap` caps it as for `int8_dot`). Needs the library
+    (`available`). Runs to completion once called and releases the GIL."""
     start, stop = rows if rows is not None else (0, weight.out_features)
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"unpacks to bfloat16 or float32, not {dtype}")
@@ -220,14 +224,16 @@ def unpack(
     status = _lib().int8_dot_unpack(
         weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
         weight.scale_bytes, start, stop - start, y.data_ptr(), int(dtype == torch.bfloat16),
-        torch.get_num_threads(),
+        level() if level_cap is None else min(level(), level_cap), torch.get_num_threads(),
     )  # fmt: skip
     if status:
         raise ValueError(f"cannot unpack rows {start}..{stop} of a {weight.out_features}-row weight")
     return y
 
 
-def unpack_rows(weight: TiledWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def unpack_rows(
+    weight: TiledWeight, ids: torch.Tensor, dtype: torch.dtype, *, level_cap: int | None = None
+) -> torch.Tensor:
     """The values `[len(ids), in]` in `dtype` of output rows `ids` (an embedding
     lookup in a tied head's tiles), as `unpack` gives them. Raises ValueError for
     an id out of range. Runs to completion once called and releases the GIL."""
@@ -238,7 +244,8 @@ def unpack_rows(weight: TiledWeight, ids: torch.Tensor, dtype: torch.dtype) -> t
     status = _lib().int8_dot_unpack_rows(
         weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
         weight.scale_bytes, ids.data_ptr(), ids.numel(), y.data_ptr(),
-        int(dtype == torch.bfloat16), torch.get_num_threads(),
+        int(dtype == torch.bfloat16), level() if level_cap is None else min(level(), level_cap),
+        torch.get_num_threads(),
     )  # fmt: skip
     if status:
         raise ValueError(f"a row id is outside 0..{weight.out_features - 1}")
