@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -65,14 +66,18 @@ def _save_tiny_tokenizer(directory, vocab_size: int) -> None:
 
 
 def test_hugging_face_directory_loads_and_runs(
-    tmp_path, tiny_llama, hf_greedy_fn, greedy_driver_cls
+    tmp_path, tiny_llama, hf_greedy_fn, greedy_driver_cls, monkeypatch
 ):
     from sluiceway.runner.model_runner import TorchModelRunner
 
+    # Loading reads local files only and leaves the hub switches as they were,
+    # so a later model named by a hub id is still fetched.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     tiny_llama.save_pretrained(tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     _save_tiny_tokenizer(tmp_path, tiny_llama.config.vocab_size)
     loaded = load_model(str(tmp_path), dtype="float32", progress=False)
+    assert "HF_HUB_OFFLINE" not in os.environ
     assert loaded.name == tmp_path.name
     assert loaded.eos_token_ids == frozenset({2, 7})
     assert loaded.max_model_len == tiny_llama.config.max_position_embeddings

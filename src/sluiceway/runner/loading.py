@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import re
 import time
 from pathlib import Path
@@ -172,7 +171,8 @@ def _eos_ids(config, directory: Path | None) -> frozenset[int]:
         from transformers import GenerationConfig
 
         try:
-            sources.append(GenerationConfig.from_pretrained(directory).eos_token_id)
+            generation = GenerationConfig.from_pretrained(directory, local_files_only=True)
+            sources.append(generation.eos_token_id)
         except (OSError, ValueError) as exc:
             log.warning("%s: generation_config.json unreadable (%s)", directory, exc)
     ids: set[int] = set()
@@ -241,7 +241,6 @@ def load_model(model: str | None, dtype: str = "auto", progress: bool = True) ->
     """
     torch_dtype = resolve_dtype(dtype)
     directory, gguf, name = _source(model)
-    os.environ["HF_HUB_OFFLINE"] = "1"
     started = time.monotonic()
     log.info("loading model %s from %s (%s)", name, directory / (gguf or ""), torch_dtype)
     remove_old_converted_models()
