@@ -656,7 +656,7 @@ static AVX512 __m256i bf16_lanes_512(__m512 v) {
 /* `unpack_tile` for int4 with AVX512: a group's four pieces are transposed so each
  * row's 16 code bytes lie together, then 16 values at a time, the same arithmetic
  * (a product and a sum, each rounded on its own) and the same rounding. */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void unpack_int4_tile_512(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void unpack_int4_tile_512(
     const uint8_t *w, int64_t k, int scale_bytes, int first, int rows, void *y, int y_bf16) {
     const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
     const __m512i low4 = _mm512_set1_epi32(15);
