@@ -1,7 +1,9 @@
 """How `sluiceway serve` starts on models of real shapes: time to ready, time to
-the first token, peak RSS and bytes written to disk.
+the first token, peak RSS and bytes written to disk, and then one stream's
+decode rate; with `--llama-server`, llama.cpp's server on the same files too.
 
-    .venv/bin/python benchmarks/load_real.py --shapes llama-3.2-1b --types Q4_0 [--cold]
+    .venv/bin/python benchmarks/load_real.py --shapes llama-3.2-1b --types Q4_0 [--cold] \
+        [--llama-server ~/.cache/sluiceway-peers/llama-build/bin/llama-server]
     make bench-load LOAD_SHAPES=llama-3.2-1b,llama-3.1-8b LOAD_TYPES=Q4_0,Q8_0
 
 Each model is a random-weight GGUF of the real shape (Llama-3.2-1B, Llama-3.2-3B,
@@ -19,7 +21,13 @@ process, with `--dir`/cache as its cache: the native kernels compiled once, by
 the first run of all): a first load, which builds the GGUF's config and
 tokenizer from its metadata and caches them, and a load again, which reads them
 back. Each is polled until /v1/models answers (ready), then sent one streamed
-chat request for 8 tokens (first token). Peak RSS is the server's
+chat request for 8 tokens (first token), then one of 48 tokens with EOS ignored,
+whose tokens a second from its second token to its last are the decode rate.
+llama.cpp's server (`--llama-server`, built as `benchmarks/peers.sh` builds it)
+is started once per file after sluiceway's two starts, with as many threads as
+the machine has cores, one slot, and a KV cache of as many tokens as
+`--kv-cache-memory` holds in 16 bits; it is ready when /health answers. Peak
+RSS is the server's
 VmHWM from /proc, bytes written its `write_bytes` from /proc/PID/io (what it
 sent to storage, the cache included). `--cold` drops the page cache before each
 start (root only: `echo 3 > /proc/sys/vm/drop_caches`); otherwise the file is
@@ -208,14 +216,57 @@ def _first_token(port: int) -> float:
     return time.monotonic()
 
 
+def _decode_rate(port: int, tokens: int = 48) -> float:
+    """Tokens a second of one streamed completion of `tokens` tokens (EOS ignored),
+    from its second token to its last: one stream's decode rate."""
+    body = json.dumps({
+        "model": "m", "stream": True, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Count."}],
+    }).encode()  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"}
+    )
+    times = []
+    with urllib.request.urlopen(request, timeout=900) as response:
+        for line in response:
+            if line.startswith(b"data: ") and b'"content"' in line:
+                times.append(time.monotonic())
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 2 else float("nan")
+
+
+def _kv_tokens(shape: str, kv_bytes: int) -> int:
+    """Tokens a bfloat16/f16 KV cache of `kv_bytes` holds for `shape`."""
+    _, hidden, _, layers, heads, kv_heads, *_ = SHAPES[shape]
+    return kv_bytes // (2 * layers * kv_heads * (hidden // heads) * 2)
+
+
+def _bytes(size: str) -> int:
+    """"1GiB", "512MiB", "2GB" as bytes."""
+    units = {"GiB": 1 << 30, "MiB": 1 << 20, "GB": 10**9, "MB": 10**6}
+    for unit, factor in units.items():
+        if size.endswith(unit):
+            return int(float(size[: -len(unit)]) * factor)
+    return int(size)
+
+
 def _tree_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def measure(
-    path: Path, *, cache: Path, first_load: bool, cold: bool, kv_cache: str, timeout: float
+    path: Path,
+    *,
+    cache: Path,
+    first_load: bool,
+    cold: bool,
+    kv_cache: str,
+    timeout: float,
+    llama_server: Path | None = None,
+    context: int = 0,
 ) -> dict:
-    """Start a server on `path`; its start-up numbers (see the module docstring)."""
+    """Start a server on `path` (`sluiceway serve`, or llama.cpp's `llama_server`
+    with a KV cache of `context` tokens); its start-up numbers and one stream's
+    decode rate (see the module docstring)."""
     if cold:
         cold = _drop_caches()
     else:
@@ -232,10 +283,20 @@ def measure(
         sys.executable, "-m", "sluiceway.cli", "serve", "--model", str(path), "--port", str(port),
         "--kv-cache-memory", kv_cache, "--served-model-name", "m",
     ]  # fmt: skip
+    ready_path = "/v1/models"
+    if llama_server is not None:
+        command = [
+            str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
+            "-c", str(context), "-t", str(os.cpu_count() or 1), "-np", "1", "--alias", "m",
+        ]  # fmt: skip
+        ready_path = "/health"
     log = tempfile.NamedTemporaryFile(prefix="sluiceway-load-", suffix=".log", delete=False)
     started = time.monotonic()
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    row: dict = {"file": path.name, "file_bytes": path.stat().st_size, "cold": cold, "log": log.name}
+    row: dict = {
+        "server": "llama.cpp" if llama_server is not None else "sluiceway",
+        "file": path.name, "file_bytes": path.stat().st_size, "cold": cold, "log": log.name,
+    }  # fmt: skip
     try:
         while True:
             if server.poll() is not None:
@@ -243,13 +304,14 @@ def measure(
             if time.monotonic() - started > timeout:
                 raise RuntimeError(f"not ready in {timeout:.0f} s; see {log.name}")
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2).read()
                 break
             except OSError:
                 time.sleep(0.2)
         row["ready_s"] = time.monotonic() - started
         row["first_token_s"] = _first_token(port) - started
         row["peak_rss"], row["written"] = _proc(server.pid)
+        row["decode_tok_s"] = _decode_rate(port)
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -270,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-memory", default="1GiB")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--llama-quantize", type=Path, default=None, help="llama.cpp's llama-quantize, for Q4_K_M")
+    parser.add_argument("--llama-server", type=Path, default=None,
+                        help="llama.cpp's llama-server: also start it on each file, with a KV cache "
+                        "of as many tokens as --kv-cache-memory holds")  # fmt: skip
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     cache = args.dir / "cache"
@@ -303,18 +368,29 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            if args.llama_server is not None:
+                row = measure(
+                    path, cache=cache, first_load=False, cold=args.cold,
+                    kv_cache=args.kv_cache_memory, timeout=args.timeout,
+                    llama_server=args.llama_server,
+                    context=_kv_tokens(shape, _bytes(args.kv_cache_memory)),
+                )  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     print()
+    kv = _bytes(args.kv_cache_memory)
     print(
-        "| file | MB | load | page cache | ready s | first token s | peak RSS GB | RSS / file "
-        "| written MB |"
+        "| server | file | MB | load | page cache | ready s | first token s | peak RSS GB "
+        "| (RSS - KV) / file | written MB | decode tok/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['file']} | {r['file_bytes'] / 1e6:.0f} | {'first' if r['first_load'] else 'again'} "
-            f"| {'cold' if r['cold'] else 'warm'} "
+            f"| {r['server']} | {r['file']} | {r['file_bytes'] / 1e6:.0f} "
+            f"| {'first' if r['first_load'] else 'again'} | {'cold' if r['cold'] else 'warm'} "
             f"| {r['ready_s']:.1f} | {r['first_token_s']:.1f} | {r['peak_rss'] / 1e9:.2f} "
-            f"| {r['peak_rss'] / r['file_bytes']:.1f}x | {r['written'] / 1e6:.1f} |"
+            f"| {(r['peak_rss'] - kv) / r['file_bytes']:.2f}x | {r['written'] / 1e6:.1f} "
+            f"| {r['decode_tok_s']:.1f} |"
         )
     print(f"\nload average: {os.getloadavg()}")
     return 0
