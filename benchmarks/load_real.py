@@ -263,6 +263,7 @@ def measure(
     timeout: float,
     llama_server: Path | None = None,
     context: int = 0,
+    llama_args: tuple[str, ...] = (),
 ) -> dict:
     """Start a server on `path` (`sluiceway serve`, or llama.cpp's `llama_server`
     with a KV cache of `context` tokens); its start-up numbers and one stream's
@@ -288,6 +289,7 @@ def measure(
         command = [
             str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(context), "-t", str(os.cpu_count() or 1), "-np", "1", "--alias", "m",
+            *llama_args,
         ]  # fmt: skip
         ready_path = "/health"
     log = tempfile.NamedTemporaryFile(prefix="sluiceway-load-", suffix=".log", delete=False)
@@ -335,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", type=Path, default=None,
                         help="llama.cpp's llama-server: also start it on each file, with a KV cache "
                         "of as many tokens as --kv-cache-memory holds")  # fmt: skip
+    parser.add_argument("--llama-server-args", default="",
+                        help="more arguments for llama-server, e.g. --no-repack")  # fmt: skip
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     cache = args.dir / "cache"
@@ -374,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                     kv_cache=args.kv_cache_memory, timeout=args.timeout,
                     llama_server=args.llama_server,
                     context=_kv_tokens(shape, _bytes(args.kv_cache_memory)),
+                    llama_args=tuple(args.llama_server_args.split()),
                 )  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
