@@ -203,3 +203,34 @@ def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
     x = torch.randn(4, layer.o.in_features)
     dense = x @ o.T
     assert (layer.o(x) - dense).norm() < 0.05 * dense.norm()
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1], ids=["Q4_0", "Q4_1"])
+def test_stored_blocks_pack_into_the_tiles_their_codes_give(tmp_path, kind, monkeypatch):
+    """The one-pass packer (`int8_dot.pack_q4_rows`, reading the mapped file) and
+    the packing of the decoded blocks' codes, scales and offsets give the same
+    tiles byte for byte: fused parts, Llama's permuted q and k, the embedding,
+    bfloat16 and float32 scales."""
+    from sluiceway.runner.checkpoint import stored_int4
+    from sluiceway.runner.native import int8_dot
+
+    model = _model("llama")
+    path = tmp_path / f"tiny-llama.{kind.name}.gguf"
+    write_gguf(model, path, kind, embedding_type=kind)
+
+    def packed(dtype, available: bool):
+        monkeypatch.setattr(int8_dot, "available", lambda: available)
+        loaded = load_model(str(path), dtype=dtype, progress=False)
+        stored = stored_int4.StoredInt4(loaded.hf_config, loaded.state_dict(), loaded.dtype)
+        tiles = [stored.rows("embed"), stored.rows("layers.0.q.weight")]
+        if dtype == "bfloat16":
+            for names in (["q", "k", "v"], ["gate", "up"]):
+                weight = stored([f"layers.1.{n}.weight" for n in names])
+                assert weight is not None
+                tiles.append(weight.tiled)
+        assert all(t is not None for t in tiles)
+        return [t.data for t in tiles]
+
+    for dtype in ("bfloat16", "float32"):
+        fast, through_codes = packed(dtype, True), packed(dtype, False)
+        assert all(torch.equal(a, b) for a, b in zip(fast, through_codes, strict=True))

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks, int4_blocks
 from sluiceway.runner.checkpoint.gguf_file import GGUFFile, StoredTensor
@@ -84,6 +86,33 @@ class GGUFTensor:
         blocks = int4_blocks(self.stored.ggml_type, data, last - first)
         self._count(first, last)
         return blocks
+
+    def int4_rows(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Where the rows `index` selects lie in the mapped file, in transformers'
+        row order: `(addresses, kinds)`, int64 and uint8 (0 Q4_0, 1 Q4_1) per row,
+        for `int8_dot.pack_q4_rows`, which reads them while the file stays open.
+        `read(index)` once they are read."""
+        if self.stored.ggml_type not in INT4_BLOCK_TYPES:
+            raise ValueError(f"{self.stored.name} is {self.type_name}, not a 4-bit block type")
+        first, last, rest = row_range(self.shape, index)
+        if rest and rest != (slice(None),):
+            raise IndexError("4-bit blocks are read by whole rows")
+        blocks = self.stored.blocks()
+        base = blocks.__array_interface__["data"][0]
+        order = np.arange(blocks.shape[0], dtype=np.int64)
+        if self.transform in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
+            order = np.asarray(unpermute_order(blocks.shape[0], self.heads), dtype=np.int64)
+        addresses = base + order[first:last] * blocks.shape[1]
+        kind = int(self.stored.ggml_type == GGMLQuantizationType.Q4_1)
+        return addresses, np.full(last - first, kind, dtype=np.uint8)
+
+    def read(self, index: Any) -> None:
+        """Count the rows `index` selects as read (progress; the file's pages of a
+        tensor read whole are let go)."""
+        if self.transform in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
+            self._count(0, self.shape[0])
+        else:
+            self._count(*row_range(self.shape, index)[:2])
 
     def _rows(self, index: Any) -> tuple[int, int, tuple[Any, ...]]:
         if self.transform in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
@@ -162,6 +191,14 @@ class StackedExperts:
 
     def int4_blocks(self, index: Any) -> Int4Blocks:
         return Int4Blocks.stacked([part.int4_blocks(i) for part, i in self._parts(index)])
+
+    def int4_rows(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
+        parts = [part.int4_rows(i) for part, i in self._parts(index)]
+        return np.concatenate([a for a, _ in parts]), np.concatenate([k for _, k in parts])
+
+    def read(self, index: Any) -> None:
+        for part, i in self._parts(index):
+            part.read(i)
 
 
 def gguf_weights(file: GGUFFile, config: Any, options: ReadOptions) -> LazyWeights:

@@ -17,6 +17,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks
@@ -26,6 +27,7 @@ from sluiceway.runner.linear import (
 )
 from sluiceway.runner.models.registry import family_for
 from sluiceway.runner.models.weights import WeightView
+from sluiceway.runner.native import int8_dot as int8_dot_kernel
 from sluiceway.runner.native.int8_dot import TiledWeight, pack_int4_nibble_tiles
 from sluiceway.runner.native.quantized_matmul_f32 import (
     pack_int4_f32,
@@ -76,12 +78,15 @@ def servable_from_blocks(config, weights) -> bool:
     return seen
 
 
-def _blocks(weights, view: WeightView) -> Int4Blocks:
+def _index(view: WeightView) -> tuple[Any, ...]:
     index: tuple[Any, ...] = ()
     if view.expert is not None:
         index += (view.expert,)
-    index += (slice(*view.rows) if view.rows else slice(None),)
-    return weights[view.name].int4_blocks(index)
+    return (*index, slice(*view.rows) if view.rows else slice(None))
+
+
+def _blocks(weights, view: WeightView) -> Int4Blocks:
+    return weights[view.name].int4_blocks(_index(view))
 
 
 def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
@@ -137,27 +142,52 @@ class StoredInt4:
         self._int4_types = {t.name for t in INT4_BLOCK_TYPES}
 
     def __call__(self, names: list[str]) -> Int4Weight | None:
-        blocks = self._stored_blocks(names)
-        return None if blocks is None else int4_weight(blocks, self._dtype)
+        views = self._stored_views(names)
+        if views is None:
+            return None
+        if _tiles_packed(self._dtype):
+            return Int4Weight(
+                packed=None,
+                scales_and_offsets=None,
+                group_size=INT4_GROUP_SIZE,
+                tiled=self._tiles(views),
+            )
+        return int4_weight(Int4Blocks.stacked([_blocks(self._weights, v) for v in views]), self._dtype)
 
     def rows(self, name: str) -> TiledWeight | None:
         """Weight `name` (the embedding) in `int8_dot`'s tiles, for reading rows
         back (`int8_dot.unpack_rows`) rather than for products: packed whatever
         kernels serve `dtype`, the scales and offsets in `dtype`. None where it is
         not stored in 4-bit blocks."""
-        blocks = self._stored_blocks([name])
-        if blocks is None:
-            return None
-        scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
-        return pack_int4_nibble_tiles(
-            blocks.nibbles,
-            blocks.scales.to(self._dtype).float(),
-            blocks.offsets.to(self._dtype).float(),
-            scale_dtype,
-        )
+        views = self._stored_views([name])
+        return None if views is None else self._tiles(views)
 
-    def _stored_blocks(self, names: list[str]) -> Int4Blocks | None:
-        parts = []
+    def _tiles(self, views: list[WeightView]) -> TiledWeight:
+        """The tiles of the stacked views, read from the mapped file in one pass
+        where the kernel library is here (`int8_dot.pack_q4_rows`), else through
+        the blocks' codes."""
+        scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
+        if not int8_dot_kernel.available():
+            blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in views])
+            return pack_int4_nibble_tiles(
+                blocks.nibbles,
+                blocks.scales.to(self._dtype).float(),
+                blocks.offsets.to(self._dtype).float(),
+                scale_dtype,
+            )
+        located = [self._weights[v.name].int4_rows(_index(v)) for v in views]
+        addresses = np.concatenate([a for a, _ in located])
+        kinds = np.concatenate([k for _, k in located])
+        cols = self._weights[views[0].name].shape[-1]
+        tiled = int8_dot_kernel.pack_q4_rows(addresses, kinds, cols, scale_dtype)
+        for view in views:
+            self._weights[view.name].read(_index(view))
+        return tiled
+
+    def _stored_views(self, names: list[str]) -> list[WeightView] | None:
+        """The views of `names` where every one is stored in 4-bit blocks of whole
+        groups, with a multiple of 16 rows in all; None otherwise."""
+        views, rows = [], 0
         for name in names:
             view = self._views.get(name)
             if view is None:
@@ -167,6 +197,6 @@ class StoredInt4:
                 return None
             if tensor.shape[-1] % INT4_GROUP_SIZE:
                 return None
-            parts.append(view)
-        blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in parts])
-        return None if blocks.shape[0] % 16 else blocks
+            views.append(view)
+            rows += (view.rows[1] - view.rows[0]) if view.rows else tensor.shape[-2]
+        return None if rows % 16 else views

@@ -762,3 +762,85 @@ int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int
     }
     return 0;
 }
+
+/* ---- GGUF's 4-bit blocks straight into tiles --------------------------------------- */
+
+/* IEEE half -> float, exactly (subnormals, infinities and NaN included). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 0x400u)) {
+            mantissa <<= 1;
+            --exponent;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline void put_scale(uint8_t *p, int i, float value, int scale_bytes) {
+    if (scale_bytes == 2) {
+        const uint16_t h = float_to_bf16(value);
+        memcpy(p + 2 * i, &h, 2);
+    } else {
+        memcpy(p + 4 * i, &value, 4);
+    }
+}
+
+/* The int4 tiles (`pack_int4_tiles`' layout) of `rows` rows of k weights, row r
+ * stored at address rows_at[r] as GGUF blocks of type kinds[r] (0: Q4_0, 18 bytes a
+ * block, w = (q - 8) d; 1: Q4_1, 20 bytes, w = q d + m). Each tile piece takes the
+ * block's code bytes as they are; the scale is d and the offset 0 (Q4_0) or
+ * m + 8 d in float32 (Q4_1), rounded to bfloat16 (scale_bytes 2) or kept in
+ * float32 (4). Rows past the last of a tile are zeros. Returns 0, or 1 for
+ * arguments it does not take. Runs to completion once called. */
+int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows, int64_t k,
+                     int scale_bytes, uint8_t *out, int num_threads) {
+    if (rows < 1 || k < BLOCK || k % BLOCK || (scale_bytes != 2 && scale_bytes != 4)) return 1;
+    for (int64_t r = 0; r < rows; ++r)
+        if (kinds[r] > 1 || rows_at[r] == 0) return 1;
+    const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
+    const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = groups * stride;
+#pragma omp parallel num_threads(num_threads)
+    {
+        int64_t t, end;
+        thread_rows(tiles, &t, &end);
+        for (; t < end; ++t) {
+            uint8_t *tile = out + t * tile_bytes;
+            memset(tile, 0, (size_t)tile_bytes);
+            const int valid = rows - t * TILE < TILE ? (int)(rows - t * TILE) : TILE;
+            for (int r = 0; r < valid; ++r) {
+                const uint8_t *row = (const uint8_t *)(intptr_t)rows_at[t * TILE + r];
+                const int q4_1 = kinds[t * TILE + r];
+                const int64_t block_bytes = q4_1 ? 20 : 18;
+                for (int64_t g = 0; g < groups; ++g) {
+                    const uint8_t *block = row + g * block_bytes;
+                    uint16_t h;
+                    memcpy(&h, block, 2);
+                    const float d = half_to_float(h);
+                    float offset = 0.0f;
+                    if (q4_1) {
+                        memcpy(&h, block + 2, 2);
+                        offset = half_to_float(h) + 8.0f * d;
+                    }
+                    const uint8_t *codes = block + (q4_1 ? 4 : 2);
+                    uint8_t *piece = tile + g * stride;
+                    for (int s = 0; s < 4; ++s) memcpy(piece + 64 * s + 4 * r, codes + 4 * s, 4);
+                    put_scale(piece + 256, r, d, scale_bytes);
+                    put_scale(piece + 256 + 16 * scale_bytes, r, offset, scale_bytes);
+                }
+            }
+        }
+    }
+    return 0;
+}

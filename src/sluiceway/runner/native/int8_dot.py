@@ -17,6 +17,7 @@ import functools
 import os
 
 import attrs
+import numpy as np
 import torch
 
 from sluiceway.runner.native.library import load_library
@@ -41,6 +42,8 @@ def _lib():
     lib.int8_dot_unpack.restype = _N
     lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N, _N]
     lib.int8_dot_unpack_rows.restype = _N
+    lib.int8_dot_pack_q4.argtypes = [_P, _P, _I, _I, _N, _P, _N]
+    lib.int8_dot_pack_q4.restype = _N
     lib.int8_dot_best_level.argtypes = []
     lib.int8_dot_best_level.restype = _N
     return lib
@@ -141,6 +144,31 @@ def pack_int4_nibble_tiles(
         out_features=out_features,
         in_features=in_features,
         scale_bytes=2 if scale_dtype == torch.bfloat16 else 4,
+    )
+
+
+def pack_q4_rows(
+    rows_at: np.ndarray, kinds: np.ndarray, in_features: int, scale_dtype: torch.dtype
+) -> TiledWeight:
+    """The tiles of rows stored as GGUF Q4_0/Q4_1 blocks, read where they lie: row r
+    at address `rows_at[r]` (int64, in a mapping kept alive by the caller) of type
+    `kinds[r]` (0 Q4_0, 1 Q4_1). The same tiles as `pack_int4_nibble_tiles` of
+    those blocks' codes, scales `d` and offsets (0, or `m + 8 d` in float32), in
+    one pass and on every thread. Needs the library (`available`)."""
+    rows_at = np.ascontiguousarray(rows_at, dtype=np.int64)
+    kinds = np.ascontiguousarray(kinds, dtype=np.uint8)
+    rows = rows_at.shape[0]
+    scale_bytes = 2 if scale_dtype == torch.bfloat16 else 4
+    tiles = -(-rows // TILE)
+    data = torch.empty((tiles, in_features // BLOCK * (256 + 32 * scale_bytes)), dtype=torch.uint8)
+    status = _lib().int8_dot_pack_q4(
+        rows_at.ctypes.data, kinds.ctypes.data, rows, in_features, scale_bytes, data.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(f"cannot pack {rows} rows of {in_features} 4-bit weights")
+    return TiledWeight(
+        data=data, bits=4, out_features=rows, in_features=in_features, scale_bytes=scale_bytes
     )
 
 
