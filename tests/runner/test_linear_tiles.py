@@ -12,8 +12,6 @@ import torch
 from sluiceway.runner import linear
 from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.native import int8_dot as kernel
-from sluiceway.runner.native.quantized_matmul_f32 import pack_int4_f32
-from sluiceway.runner.native.quantized_matvec import pack_int4
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None or not kernel.integer_level(),
@@ -70,41 +68,6 @@ def test_switched_off_layers_keep_the_float_kernels():
     linear.use_int8_activation_kernels(False)
     layer = Linear(torch.randn(32, 64).to(torch.bfloat16), quantization="int4")
     assert isinstance(layer.quantized, Int4Weight) and layer.quantized.tiled is None
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_int4_weights_built_from_stored_blocks_are_repacked_from_their_native_packing(dtype):
-    """A checkpoint's own int4 blocks arrive as `Int4Weight(packed, scales_and_offsets,
-    group_size, native)`: the tiles come from `native`, the same values the
-    quantizer's own tiles hold."""
-    gen = torch.Generator().manual_seed(2)
-    q = torch.randint(0, 16, (32, 128), generator=gen)
-    scale = (torch.rand(32, 4, generator=gen) * 0.01 + 1e-3).to(dtype).float()
-    offset = (torch.randn(32, 4, generator=gen) * 0.05).to(dtype).float()
-    native = (
-        pack_int4(q, scale, offset) if dtype == torch.bfloat16 else pack_int4_f32(q, scale, offset)
-    )
-    adopted = Int4Weight(
-        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1),
-        scales_and_offsets=torch.stack([scale.T, offset.T], dim=-1).to(dtype),
-        group_size=32,
-        native=native,
-    )
-    assert adopted.tiled is not None and adopted.native is None
-    # the tiles hold the scales and offsets: no second copy, and no torch packing
-    assert adopted.scales_and_offsets is None and adopted.packed is None
-    scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    direct = kernel.pack_int4_tiles(q, scale, offset, scale_dtype)
-    x = torch.randn(3, 128, generator=gen).to(dtype)
-    if dtype == torch.bfloat16:
-        assert torch.equal(adopted.tiled.data, direct.data)
-    else:  # the float32 packing holds offset - 8 * scale: back to within a rounding
-        torch.testing.assert_close(
-            kernel.int8_dot(x, adopted.tiled), kernel.int8_dot(x, direct), rtol=1e-6, atol=1e-6
-        )
-    torch.testing.assert_close(
-        adopted.matmul(x).float(), kernel.int8_dot(x, direct).float(), rtol=1e-2, atol=1e-5
-    )
 
 
 def test_int8_weights_built_from_their_parts_are_packed():

@@ -101,32 +101,16 @@ def _tiles_wanted(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and int8_dot_kernel.integer_level()
 
 
-def _native_parts(
-    native: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(q [out, in] 0..15, scales, offsets [out, in / 32] float32)` of a native int4
-    packing: `pack_int4`'s bfloat16 one (`(q - 8) * scale + offset`) or
-    `pack_int4_f32`'s float32 one (`q * scale + bias`, whose offset `bias + 8 *
-    scale` is the stored one to a float32 rounding)."""
+def _native_codes(native: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The codes `[out, in]` (0..15) of a native int4 packing of a `dtype` weight:
+    `pack_int4`'s bfloat16 one or `pack_int4_f32`'s float32 one (each row: the
+    nibbles, then a scale and an offset or bias per group of 32)."""
     out_features, row_bytes = native.shape
     scale_bytes = 2 if dtype == torch.bfloat16 else 4
     # nibbles in / 2 bytes, then in / 32 scales and as many offsets (or biases)
     in_features = row_bytes * 32 // (16 + 2 * scale_bytes)
     nibbles = native[:, : in_features // 2].reshape(out_features, -1, 1, 32)
-    q = torch.cat([nibbles & 15, nibbles >> 4], dim=2).reshape(out_features, in_features)
-    tail = native[:, in_features // 2 :].contiguous()
-    values = tail.view(torch.bfloat16 if scale_bytes == 2 else torch.float32).float()
-    scales, offsets = values.chunk(2, dim=1)
-    if scale_bytes == 4:
-        offsets = offsets + 8.0 * scales
-    return q, scales, offsets
-
-
-def _tiles_from_native(native: torch.Tensor, dtype: torch.dtype) -> TiledWeight:
-    """`int8_dot`'s tiles of the values a native int4 packing holds (`_native_parts`)."""
-    q, scales, offsets = _native_parts(native, dtype)
-    scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-    return pack_int4_tiles(q, scales, offsets, scale_dtype)
+    return torch.cat([nibbles & 15, nibbles >> 4], dim=2).reshape(out_features, in_features)
 
 
 def _tiled_matmul(tiled: TiledWeight | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -276,18 +260,6 @@ class Int4Weight:
     tiled: TiledWeight | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
-        # A weight built from its parts (a checkpoint's own int4 blocks) with a
-        # native packing is repacked from it, so every int4 layer takes the tiles.
-        sz = self.scales_and_offsets
-        if (
-            self.tiled is None
-            and self.native is not None
-            and sz is not None
-            and self.group_size == 32
-            and _tiles_wanted(sz)
-        ):
-            object.__setattr__(self, "tiled", _tiles_from_native(self.native, sz.dtype))
-            object.__setattr__(self, "native", None)
         if self.serves_every_row_count():
             object.__setattr__(self, "packed", None)
         if self.tiled is not None:
@@ -310,7 +282,7 @@ class Int4Weight:
         sz = self.scales_and_offsets
         if self.native is None or sz is None:
             raise ValueError("torch's int4 packing is not read back; only tiles and native ones")
-        q, _, _ = _native_parts(self.native, sz.dtype)
+        q = _native_codes(self.native, sz.dtype)
         scales, offsets = sz.float().unbind(-1)  # [groups, out]
         out_features, in_features = q.shape
         grouped = q.float().reshape(out_features, -1, self.group_size)

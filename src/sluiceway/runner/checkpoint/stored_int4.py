@@ -90,19 +90,14 @@ def _blocks(weights, view: WeightView) -> Int4Blocks:
 
 
 def int4_weight(blocks: Int4Blocks, dtype: torch.dtype) -> Int4Weight:
-    """`blocks` in the runtime int4 layouts of `dtype`, as `Int4Weight.quantize`
-    would pack the same codes, scales and offsets: the int8-activation kernels'
-    tiles where it would pack those, else the native kernel's layout where one
-    serves `dtype`, and torch's packing where no native kernel serves every call."""
+    """`blocks` in the runtime int4 layouts of `dtype` where it is not packed into
+    the int8-activation kernels' tiles (`StoredInt4` packs those), as
+    `Int4Weight.quantize` would pack the same codes, scales and offsets: the
+    native kernel's layout where one serves `dtype`, and torch's packing where no
+    native kernel serves every call."""
     cols = blocks.shape[1]
     scale = blocks.scales.to(dtype).float()
     offset = blocks.offsets.to(dtype).float()
-    if _tiles_packed(dtype):
-        scale_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        tiled = pack_int4_nibble_tiles(blocks.nibbles, scale, offset, scale_dtype)
-        return Int4Weight(
-            packed=None, scales_and_offsets=None, group_size=INT4_GROUP_SIZE, tiled=tiled
-        )
     codes = blocks.codes
     native = None
     if cols % 64 == 0:
