@@ -14,7 +14,8 @@ quantizer), F32 norms and biases, and the default model's tokenizer with its
 vocabulary padded to the shape's size by reserved tokens. Q4_K_M needs
 llama.cpp's `llama-quantize`: pass `--llama-quantize PATH` (built as
 `benchmarks/peers.sh` builds llama.cpp) and the type Q4_K_M, and the F16 file
-of the shape is written and quantized with it.
+of the shape (random normal weights) is written, quantized with it, and
+deleted.
 
 For each file two servers are started in turn (`sluiceway serve`, its own
 process, with `--dir`/cache as its cache: the native kernels compiled once, by
@@ -61,6 +62,8 @@ SHAPES = {
     "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 151936, True, 1000000.0),
 }
 BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}
+# Types llama.cpp's `llama-quantize` makes from the shape's F16 file.
+QUANTIZED_BY_LLAMA_CPP = ("Q4_K_M",)
 
 
 def _random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -103,13 +106,14 @@ def _tokenizer_fields(vocab: int):
 
 def write_model(path: Path, shape: str, kind: str, seed: int = 0) -> None:
     """A random-weight GGUF of `shape` with its linear weights and embedding in
-    `kind` (Q4_0 or Q8_0), written tensor by tensor."""
+    `kind` (Q4_0, Q8_0, or F16 for `llama-quantize` to start from), written
+    tensor by tensor."""
     import gguf
 
     arch, hidden, inter, layers, heads, kv_heads, vocab, tied, theta = SHAPES[shape]
     head_dim = hidden // heads
     rng = np.random.default_rng(seed)
-    qtype = gguf.GGMLQuantizationType[kind]
+    qtype = gguf.GGMLQuantizationType[kind] if kind in BLOCK_BYTES else None
     tensors: list[tuple[str, tuple[int, int] | tuple[int], str]] = [("token_embd.weight", (vocab, hidden), kind)]
     for i in range(layers):
         p = f"blk.{i}."
@@ -152,6 +156,8 @@ def write_model(path: Path, shape: str, kind: str, seed: int = 0) -> None:
     for name, dims, stored in tensors:
         if stored == "F32":
             writer.add_tensor_info(name, dims, np.dtype(np.float32), int(np.prod(dims)) * 4)
+        elif stored == "F16":
+            writer.add_tensor_info(name, dims, np.dtype(np.float16), int(np.prod(dims)) * 2)
         else:
             rows, cols = dims
             writer.add_tensor_info(
@@ -165,10 +171,28 @@ def write_model(path: Path, shape: str, kind: str, seed: int = 0) -> None:
         if stored == "F32":
             base = 0.02 * rng.standard_normal(dims).astype(np.float32)
             writer.write_tensor_data(base + 1.0 if name.endswith("norm.weight") else base)
+        elif stored == "F16":
+            writer.write_tensor_data((0.02 * rng.standard_normal(dims, dtype=np.float32)).astype(np.float16))
         else:
             writer.write_tensor_data(_random_blocks(kind, dims[0], dims[1], rng))
     writer.close()
     tmp.rename(path)
+
+
+def _quantize_with_llama_cpp(llama_quantize: Path, directory: Path, shape: str, kind: str) -> None:
+    """`directory/shape.kind.gguf` made by llama.cpp's `llama-quantize` from the
+    shape's F16 file (written first, and deleted after: 2 bytes a weight)."""
+    f16 = directory / f"{shape}.F16.gguf"
+    began = time.monotonic()
+    print(f"writing {f16} ...", flush=True)
+    write_model(f16, shape, "F16")
+    target = directory / f"{shape}.{kind}.gguf"
+    partial = target.with_suffix(".partial")
+    command = [str(llama_quantize), str(f16), str(partial), kind, str(os.cpu_count() or 1)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    partial.rename(target)
+    f16.unlink()
+    print(f"  {target.stat().st_size / 1e6:.0f} MB in {time.monotonic() - began:.0f} s", flush=True)
 
 
 def _free_port() -> int:
@@ -346,11 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in args.shapes.split(","):
         for kind in args.types.split(","):
-            if kind not in BLOCK_BYTES:
-                print(f"{shape} {kind}: gguf-py writes Q4_0 and Q8_0 only; Q4_K_M needs "
-                      "--llama-quantize (not wired up yet)", flush=True)  # fmt: skip
-                continue
             path = args.dir / f"{shape}.{kind}.gguf"
+            if kind in QUANTIZED_BY_LLAMA_CPP:
+                if args.llama_quantize is None:
+                    print(f"{shape} {kind}: needs --llama-quantize", flush=True)
+                    continue
+                if not path.is_file():
+                    _quantize_with_llama_cpp(args.llama_quantize, args.dir, shape, kind)
+            elif kind not in BLOCK_BYTES:
+                print(f"{shape} {kind}: gguf-py writes Q4_0 and Q8_0 here; llama-quantize makes "
+                      f"{', '.join(QUANTIZED_BY_LLAMA_CPP)}", flush=True)  # fmt: skip
+                continue
             if not path.is_file():
                 began = time.monotonic()
                 print(f"writing {path} ...", flush=True)

@@ -55,11 +55,11 @@ build_llama_server() {
   fi
   local src="$CACHE/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
   [[ -d $src ]] || tar -xzf "$sdist" -C "$CACHE"
-  # Only the server target, statically linked, no curl/openssl (it loads a local file).
+  # The server, llama-quantize and llama-bench only, statically linked, no curl/openssl.
   cmake -S "$src/vendor/llama.cpp" -B "$CACHE/llama-build" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-  timeout 3600 cmake --build "$CACHE/llama-build" --target llama-server -j2
+  timeout 3600 cmake --build "$CACHE/llama-build" --target llama-server llama-quantize llama-bench -j2
 }
 
 install_guidellm() {
