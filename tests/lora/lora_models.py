@@ -75,10 +75,17 @@ def base_greedy(family: str, prompt: tuple[int, ...], max_new: int) -> tuple[int
 
 @contextlib.asynccontextmanager
 async def serving_adapters(
-    base: Any, tokenizer: Any, dirs: dict[str, str], *, max_loras: int, model_name: str
+    base: Any,
+    tokenizer: Any,
+    dirs: dict[str, str],
+    *,
+    max_loras: int,
+    model_name: str,
+    runtime_updates: bool = False,
 ) -> AsyncIterator[Any]:
     """A server on 127.0.0.1 (a free port) of `base` (a transformers model) with the
-    PEFT adapters in `dirs` by name, served as `model_name`; stopped on the way out."""
+    PEFT adapters in `dirs` by name, served as `model_name`, loading and unloading
+    adapters while serving with `runtime_updates`; stopped on the way out."""
     from sluiceway.api.serve import serve_async
     from sluiceway.config import EngineConfig, ServerConfig
     from sluiceway.engine.engine import Engine
@@ -87,7 +94,7 @@ async def serving_adapters(
 
     runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
     modules = LoraModules.of(dirs)
-    runner.enable_lora(modules, max_loras=max_loras, max_rank=16)
+    table = runner.enable_lora(modules, max_loras=max_loras, max_rank=16)
     engine = Engine(
         runner,
         tokenizer,
@@ -95,6 +102,7 @@ async def serving_adapters(
         eos_token_ids=frozenset({tokenizer.eos_token_id}),
         max_model_len=256,
         lora_modules=modules,
+        lora_check=table.check if runtime_updates else None,
     )
     async with trio.open_nursery() as nursery:
         yield await nursery.start(

@@ -5,50 +5,24 @@ requests while the requests already running through it finish under it."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import httpx
 import pytest
-import trio
-from lora_models import BASE, MAX_NEW, PROMPT, peft_greedy
+from lora_models import BASE, MAX_NEW, PROMPT, peft_greedy, serving_adapters
 
 from greedy_rounds import bare_core
-from sluiceway.api.serve import serve_async
-from sluiceway.config import EngineConfig, ServerConfig
-from sluiceway.engine.engine import Engine
 from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.sampling_params import SamplingParams
 from sluiceway.runner.model_runner import TorchModelRunner
 
 
-async def serving(models: dict[str, Any], tokenizer: Any, *, updates: bool, task_status):
-    base = models["base"]
-    runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
-    modules = LoraModules()
-    table = runner.enable_lora(modules, max_loras=2, max_rank=16)
-    engine = Engine(
-        runner,
-        tokenizer,
-        EngineConfig(),
-        eos_token_ids=frozenset({tokenizer.eos_token_id}),
-        max_model_len=256,
-        lora_modules=modules,
-        lora_check=table.check if updates else None,
-    )
-    await serve_async(
-        engine,
-        server_config=ServerConfig(host="127.0.0.1", port=0),
-        model_name=BASE,
-        task_status=task_status,
-    )
-
-
 @pytest.fixture
 async def server(models, tokenizer):
-    async with trio.open_nursery() as nursery:
-        yield await nursery.start(partial(serving, models, tokenizer, updates=True))
-        nursery.cancel_scope.cancel()
+    async with serving_adapters(
+        models["base"], tokenizer, {}, max_loras=2, model_name=BASE, runtime_updates=True
+    ) as running:
+        yield running
 
 
 def completion(model: str) -> dict[str, Any]:
@@ -106,11 +80,11 @@ async def test_a_bad_load_is_a_400_naming_the_problem(server, body, message):
 
 
 async def test_without_the_flag_the_endpoints_are_404(models, tokenizer):
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(partial(serving, models, tokenizer, updates=False))
-        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
-            got = await http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"})
-        nursery.cancel_scope.cancel()
+    async with (
+        serving_adapters(models["base"], tokenizer, {}, max_loras=2, model_name=BASE) as running,
+        httpx.AsyncClient(base_url=running.url, timeout=60) as http,
+    ):
+        got = await http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"})
     assert got.status_code == 404
     assert "--enable-lora-runtime-updates" in got.json()["error"]["message"]
 
