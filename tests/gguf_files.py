@@ -73,20 +73,27 @@ def _quantize(data: np.ndarray, kind: Any) -> np.ndarray:
 
 
 def write_gguf(
-    model: Any, path: Path, linear_type: Any = None, *, embedding_type: Any = None
-) -> None:
+    model: Any,
+    path: Path,
+    linear_type: Any = None,
+    *,
+    embedding_type: Any = None,
+    split_max_tensors: int = 0,
+) -> list[Path]:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
     at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
     quantizes, such as Q4_1 or Q8_0, or Q6_K, which `kquant_blocks` encodes), the
     layers' linear weights are stored in that type instead, as a quantized
     llama.cpp file stores them. `embedding_type` stores the token embedding and
-    the output head (where untied) so as well."""
+    the output head (where untied) so as well. `split_max_tensors` splits the
+    file as llama.cpp's gguf-split does, that many tensors a part, named
+    `STEM-00001-of-0000N.gguf` beside `path`. The paths written, in order."""
     import gguf
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
     config = model.config
     arch = _GGUF_ARCH[config.model_type]
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     reader = gguf.GGUFReader(default_gguf_path())
     fields = {f.name: f for f in reader.fields.values() if f.name.startswith("tokenizer.")}
     kept = fields["tokenizer.ggml.tokens"].contents()[:VOCAB_SIZE]
@@ -131,3 +138,4 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return writer.format_shard_names(path)

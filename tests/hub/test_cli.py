@@ -123,3 +123,34 @@ def test_a_remote_tensor_parallel_rank_fetches_the_hub_id_as_the_server_does(hub
     with pytest.raises(SystemExit) as exited:
         remote.main(["--model", "nobody/missing", "-tp", "2"], environ)
     assert exited.value.code == 2
+
+
+def test_a_split_gguf_fetched_by_its_quant_generates_what_the_whole_file_generates(hub: StandInHub, tmp_path):
+    """`ORG/NAME-GGUF:QUANT` naming a split GGUF fetches every part and serves it
+    through the GGUF loader, as the same model in one file."""
+    import torch
+    import transformers
+    from gguf import GGMLQuantizationType
+
+    from family_models import BASE
+    from gguf_files import VOCAB_SIZE, write_gguf
+    from sluiceway.engine.sampling_params import SamplingParams
+    from sluiceway.offline import LLM
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**BASE, "vocab_size": VOCAB_SIZE}))
+    (tmp_path / "parts").mkdir()
+    [whole] = write_gguf(model, tmp_path / "Tiny-Q4_0.gguf", GGMLQuantizationType.Q4_0)
+    parts = write_gguf(model, tmp_path / "parts" / "Tiny-Q4_0.gguf", GGMLQuantizationType.Q4_0, split_max_tensors=8)
+    assert len(parts) > 1
+    hub.add_repo(
+        "org/Tiny-GGUF",
+        {f"Q4_0/{p.name}": p.read_bytes() for p in parts} | {"Tiny-F32.gguf": b"GGUF never fetched"},
+    )
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for name in ("org/Tiny-GGUF:q4_0", str(whole)):
+        with LLM(name, dtype="float32", num_kv_blocks=16) as llm:
+            outputs.append(llm.generate(["The capital of France is"], params)[0].outputs[0].token_ids)
+    assert sorted(r.path.rpartition("/")[2] for r in hub.gets()) == [p.name for p in parts]
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 6

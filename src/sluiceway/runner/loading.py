@@ -195,7 +195,7 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, progress: bool):
     file = GGUFFile.open(path)
     stage = LoadProgress(name, 0, 0, bar=False)
     stage.stage(f"reading config and tokenizer from the metadata of {path.name}")
-    config, tokenizer = config_and_tokenizer(path, file.header_digest)
+    config, tokenizer = config_and_tokenizer(file)
     _checked(config)
     options = ReadOptions(dtype)
     weights = gguf_weights(file, config, options)

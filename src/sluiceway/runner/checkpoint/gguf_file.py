@@ -1,16 +1,21 @@
 """A GGUF file's header and tensors, memory-mapped.
 
 The header (metadata and tensor table) is parsed here with `struct` over a
-`numpy.memmap`: `gguf.GGUFReader` builds a numpy view for every vocabulary and
+memory map: `gguf.GGUFReader` builds a numpy view for every vocabulary and
 merge entry, several seconds for a 128k-token vocabulary, where this walks the
 string arrays without decoding them. Tensor data is never read here; a
 `StoredTensor` is a view of its bytes, which `gguf.quants` dequantizes.
+
+A split GGUF (llama.cpp's `gguf-split`, `NAME-00001-of-0000N.gguf`) is opened
+by its first part: that part holds the metadata, each part a share of the
+tensors, all of which one `GGUFFile` holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import mmap
+import re
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +32,9 @@ _DEFAULT_ALIGNMENT = 32
 # Metadata value types of a fixed width (gguf.GGUFValueType): struct format by id.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+# A split GGUF's part, named as llama.cpp's gguf-split names it (`llama_split_path`).
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_SPLIT_NO, _SPLIT_COUNT, _SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 
 
 @attrs.frozen
@@ -67,49 +75,106 @@ class StoredTensor:
 @attrs.frozen(eq=False)
 class GGUFFile:
     """A parsed GGUF file: `metadata` (string arrays as `StringArray`), `tensors`
-    by GGUF name in file order, and `header_digest`, the SHA-256 of every byte
-    before the tensor data (metadata, tokenizer and tensor table)."""
+    by GGUF name in file order (of every part, for a split file), and
+    `header_digest`, the SHA-256 of every byte before the tensor data
+    (metadata, tokenizer and tensor table) of the first part."""
 
     path: Path
     metadata: Mapping[str, Any]
     tensors: Mapping[str, StoredTensor]
     header_digest: str
-    _map: mmap.mmap
+    _maps: tuple[mmap.mmap, ...]
 
     @property
     def architecture(self) -> str:
         return str(self.metadata["general.architecture"])
 
+    @property
+    def parts(self) -> int:
+        """How many files the model is stored in (1 unless split)."""
+        return len(self._maps)
+
     def release(self, tensor: StoredTensor) -> None:
         """Let the kernel drop `tensor`'s pages from this process's memory (they stay
         in the page cache): once its values are in the runner's layout, the mapped
         copy would only add to the resident set."""
-        start = tensor.data.__array_interface__["data"][0] - _address(self._map)
+        address = tensor.data.__array_interface__["data"][0]
+        for mapped in self._maps:
+            start = address - _address(mapped)
+            if 0 <= start < len(mapped):
+                break
+        else:
+            return
         page = mmap.PAGESIZE
         begin = start // page * page
         try:
-            self._map.madvise(mmap.MADV_DONTNEED, begin, start + tensor.nbytes - begin)
+            mapped.madvise(mmap.MADV_DONTNEED, begin, start + tensor.nbytes - begin)
         except (OSError, ValueError, AttributeError):
             pass  # only an optimisation
 
     @classmethod
     def open(cls, path: Path) -> GGUFFile:
-        """Parse `path`'s header; `CheckpointError` naming the file and the field for
-        a file that is not a GGUF, is truncated, or holds a tensor type not known."""
-        try:
-            with open(path, "rb") as handle:
-                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: cannot map the file: {exc}") from None
-        parser = _Parser(mapped, path)
-        try:
-            return parser.parse()
-        except struct.error:
+        """Parse `path`'s header, and for the first part of a split GGUF every
+        part's; `CheckpointError` naming the file and the field for a file that
+        is not a GGUF, is truncated, or holds a tensor type not known, and for
+        a split GGUF given by a later part or lacking a part."""
+        first = _parse(path, first_part=True)
+        count = int(first.metadata.get(_SPLIT_COUNT, 1))
+        if count <= 1:
+            return first
+        paths = _split_paths(path, first.metadata)
+        tensors = dict(first.tensors)
+        maps = list(first._maps)
+        for part in paths[1:]:
+            if not part.is_file():
+                raise CheckpointError(
+                    f"{path}: part {part.name} of this {count}-part split GGUF is missing"
+                )
+            parsed = _parse(part, first_part=False)
+            if int(parsed.metadata.get(_SPLIT_COUNT, 0)) != count:
+                raise CheckpointError(f"{part}: not a part of the {count}-part split GGUF {path.name}")
+            tensors.update(parsed.tensors)
+            maps += parsed._maps
+        expected = int(first.metadata.get(_SPLIT_TENSORS, len(tensors)))
+        if len(tensors) != expected:
             raise CheckpointError(
-                f"{path}: truncated GGUF header (ends inside {parser.where})"
-            ) from None
-        except UnicodeDecodeError:
-            raise CheckpointError(f"{path}: corrupt GGUF header ({parser.where} is not UTF-8)") from None
+                f"{path}: the {count} parts hold {len(tensors)} tensors, the metadata says {expected}"
+            )
+        return GGUFFile(path, first.metadata, tensors, first.header_digest, tuple(maps))
+
+
+def _split_paths(path: Path, metadata: Mapping[str, Any]) -> list[Path]:
+    """Every part's path of the split GGUF whose part `path` is, named as
+    llama.cpp names them; `CheckpointError` unless `path` is the first."""
+    count, number = int(metadata[_SPLIT_COUNT]), int(metadata.get(_SPLIT_NO, 0))
+    named = _SPLIT_NAME.match(path.name)
+    if named is None:
+        raise CheckpointError(
+            f"{path}: part {number + 1} of a {count}-part split GGUF, but not named "
+            "NAME-00001-of-NNNNN.gguf, so its other parts cannot be found"
+        )
+    prefix = named["prefix"]
+    if number != 0:
+        raise CheckpointError(
+            f"{path}: part {number + 1} of a {count}-part split GGUF: give its first part, "
+            f"{prefix}-00001-of-{count:05d}.gguf"
+        )
+    return [path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+def _parse(path: Path, *, first_part: bool) -> GGUFFile:
+    try:
+        with open(path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot map the file: {exc}") from None
+    parser = _Parser(mapped, path)
+    try:
+        return parser.parse(first_part)
+    except struct.error:
+        raise CheckpointError(f"{path}: truncated GGUF header (ends inside {parser.where})") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: corrupt GGUF header ({parser.where} is not UTF-8)") from None
 
 
 def _address(mapped: mmap.mmap) -> int:
@@ -163,7 +228,9 @@ class _Parser:
             return StringArray(count)
         raise CheckpointError(f"{self.path}: metadata {key}: unknown array element type {element}")
 
-    def parse(self) -> GGUFFile:
+    def parse(self, first_part: bool) -> GGUFFile:
+        """The file's header; a split GGUF's later parts have no architecture,
+        only their tensors (`open` says which part to give instead)."""
         if self.buf[:4] != b"GGUF":
             raise CheckpointError(f"{self.path}: not a GGUF file (no GGUF magic number)")
         self.pos = 4
@@ -177,7 +244,8 @@ class _Parser:
             key = self._string()
             self.where = f"metadata {key}"
             metadata[key] = self._value(self._unpack("<I"), key)
-        if "general.architecture" not in metadata:
+        later_part = not first_part or int(metadata.get(_SPLIT_NO, 0)) > 0
+        if not later_part and "general.architecture" not in metadata:
             raise CheckpointError(f"{self.path}: metadata general.architecture is missing")
         entries = []
         for i in range(tensor_count):
@@ -196,7 +264,7 @@ class _Parser:
         whole = np.frombuffer(self.buf, dtype=np.uint8)
         for name, shape, type_id, offset in entries:
             tensors[name] = self._tensor(whole, name, shape, type_id, data_start + offset)
-        return GGUFFile(self.path, metadata, tensors, digest, self.buf)
+        return GGUFFile(self.path, metadata, tensors, digest, (self.buf,))
 
     def _tensor(self, whole, name, shape, type_id, start) -> StoredTensor:
         try:

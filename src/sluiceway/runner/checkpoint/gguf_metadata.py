@@ -18,10 +18,13 @@ from typing import Any
 
 from sluiceway.cache_paths import cache_root
 from sluiceway.runner.checkpoint.errors import CheckpointError
+from sluiceway.runner.checkpoint.gguf_file import GGUFFile
 
 log = logging.getLogger("sluiceway.runner.loading")
 
 _DIRECTORY = "gguf-metadata"
+# Architectures transformers calls tied whatever the file holds.
+_ALWAYS_TIED = ("falcon", "bloom")
 # What the float32 converted-model cache of earlier versions was called.
 OLD_CONVERTED = "gguf"
 
@@ -44,13 +47,14 @@ def remove_old_converted_models() -> None:
         log.info("removed the float32 converted-model cache %s (no longer used)", old)
 
 
-def config_and_tokenizer(path: Path, header_digest: str) -> tuple[Any, Any]:
-    """`(config, tokenizer)` of the GGUF at `path`, from the cache where an entry for
-    this header exists, else from the file (then cached). `CheckpointError` when
+def config_and_tokenizer(file: GGUFFile) -> tuple[Any, Any]:
+    """`(config, tokenizer)` of the GGUF `file`, from the cache where an entry for
+    its header exists, else from the file (then cached). `CheckpointError` when
     transformers cannot build one of them, naming which."""
     from transformers import AutoConfig, AutoTokenizer
 
-    entry = metadata_dir(path, header_digest)
+    path = file.path
+    entry = metadata_dir(path, file.header_digest)
     if entry is not None and (entry / "config.json").is_file():
         try:
             config = AutoConfig.from_pretrained(entry, local_files_only=True)
@@ -64,6 +68,10 @@ def config_and_tokenizer(path: Path, header_digest: str) -> tuple[Any, Any]:
         config = AutoConfig.from_pretrained(path.parent, **kwargs)
     except Exception as exc:
         raise CheckpointError(f"{path}: metadata general.architecture: {_first_line(exc)}") from None
+    if file.parts > 1:
+        # transformers reads the tensor table of the file it is given, the first
+        # part, and calls the head tied when no output.weight is there.
+        config.tie_word_embeddings = "output.weight" not in file.tensors or file.architecture in _ALWAYS_TIED
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     except Exception as exc:
