@@ -10,7 +10,8 @@ plain 401 for a token starting `hf_invalid` (the `X-Error-Code` header is what
 huggingface_hub maps to its exceptions).
 
 Faults for the tests: `drop_once(repo, file, after)` cuts the connection after
-that many bytes of the file's first GET; `refuse_resumes` answers 500 to any
+that many bytes of the file's first GET; `stall_once(repo, file, after)` sends
+that many and then nothing until the event it returns is set; `refuse_resumes` answers 500 to any
 ranged GET. Every request is recorded (method, path, headers).
 """
 
@@ -51,6 +52,8 @@ class StandInHub:
         self.requests: list[Request] = []
         self.refuse_resumes = False
         self._drops: dict[tuple[str, str], int] = {}
+        self._stalls: dict[tuple[str, str], tuple[int, threading.Event]] = {}
+        self._released: list[threading.Event] = []
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -71,6 +74,14 @@ class StandInHub:
     def drop_once(self, repo_id: str, name: str, after: int) -> None:
         """The next full GET of `name` sends `after` bytes, then the connection drops."""
         self._drops[(repo_id, name)] = after
+
+    def stall_once(self, repo_id: str, name: str, after: int) -> threading.Event:
+        """The next full GET of `name` sends `after` bytes, then waits for the event
+        returned (set by `stop` at the latest) before it drops the connection."""
+        released = threading.Event()
+        self._stalls[(repo_id, name)] = (after, released)
+        self._released.append(released)
+        return released
 
     def gets(self, suffix: str = "") -> list[Request]:
         """The GETs of files (not metadata) whose path ends with `suffix`."""
@@ -94,6 +105,8 @@ class StandInHub:
     def stop(self) -> None:
         """Stop listening and cut the connections a client keeps alive: a stopped
         hub answers nothing."""
+        for released in self._released:
+            released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -109,9 +122,12 @@ class StandInHub:
             self._thread.join()
             self._thread = None
 
-    def _take_drop(self, repo_id: str, name: str) -> int | None:
+    def _take_drop(self, repo_id: str, name: str) -> tuple[int, threading.Event | None] | None:
         with self._lock:
-            return self._drops.pop((repo_id, name), None)
+            if (repo_id, name) in self._stalls:
+                return self._stalls.pop((repo_id, name))
+            after = self._drops.pop((repo_id, name), None)
+            return None if after is None else (after, None)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -213,12 +229,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         drop = hub._take_drop(repo_id, name) if self.command == "GET" else None
         if drop is not None:
+            after, released = drop
             self.send_response(200)
             for key, value in {**headers, "Content-Length": str(len(data))}.items():
                 self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(data[:drop])
+            self.wfile.write(data[:after])
             self.wfile.flush()
+            if released is not None:
+                released.wait()
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
             return

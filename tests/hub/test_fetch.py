@@ -1,16 +1,24 @@
 """Hub ids fetched from a stand-in hub into the Hugging Face cache: only what
 serving needs, reused afterwards, from the cache alone offline, resumed after
-a dropped connection, and one clear line for each way it can fail."""
+a dropped connection, continued by the next start after an interrupted one,
+with a bar per file on a terminal, and one clear line for each way it can fail."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hub_stand_in import StandInHub
 
+from polling import eventually_blocking
 from sluiceway.hub import HubError, HubOptions, resolve_model
 from sluiceway.hub import fetch as fetch_module
 
@@ -213,7 +221,12 @@ def test_a_dropped_connection_resumes_from_the_byte_it_reached(hub, quick_resume
     assert [g.headers.get("range") for g in gets] == [None, "bytes=768-"]  # 3 chunks written
 
 
-def test_an_interrupted_download_leaves_no_partial_file_and_the_next_start_completes_it(
+def _partials(storage: Path) -> dict[str, int]:
+    """The partial files in a repository's cache folder, with their sizes."""
+    return {p.name: p.stat().st_size for p in (storage / "blobs").glob("*.incomplete")}
+
+
+def test_an_interrupted_download_is_never_served_and_the_next_start_continues_it(
     hub, hf_home, quick_resume
 ):
     repo = _model_repo(hub)
@@ -222,19 +235,62 @@ def test_an_interrupted_download_leaves_no_partial_file_and_the_next_start_compl
     with pytest.raises(HubError, match=r"^the hub failed while sending model-00002"):
         resolve_model("org/tiny")
     storage = hf_home / "hub" / "models--org--tiny"
-    blobs = {p.name for p in (storage / "blobs").iterdir()}
-    assert not any(name.endswith(".incomplete") for name in blobs)
+    etag = hashlib.sha256(SHARD_2).hexdigest()
+    assert _partials(storage) == {f"{etag}.incomplete": 256}  # one whole chunk was written
+    assert not (storage / "blobs" / etag).exists()
     snapshot = storage / "snapshots" / repo.commit
     assert not (snapshot / "model-00002-of-00002.safetensors").exists()
     assert (snapshot / "model-00001-of-00002.safetensors").read_bytes() == SHARD_1
     hub.refuse_resumes = False
     resolved = resolve_model("org/tiny")
     assert _files(Path(resolved.path)) == SERVED
+    assert _partials(storage) == {}
     interrupted = hub.gets(f"/resolve/{repo.commit}/model-00002-of-00002.safetensors")
-    # cut after one whole chunk; its resume refused; fetched whole by the next start
-    assert [g.headers.get("range") for g in interrupted] == [None, "bytes=256-", None]
+    # cut after one whole chunk; its resume refused; the next start goes on from there
+    assert [g.headers.get("range") for g in interrupted] == [None, "bytes=256-", "bytes=256-"]
     for name in set(SERVED) - {"model-00002-of-00002.safetensors"}:  # fetched once
         assert len(hub.gets(f"/resolve/{repo.commit}/{name}")) == 1, name
+
+
+def test_a_partial_file_that_does_not_check_out_is_fetched_whole(hub, hf_home, caplog):
+    repo = _model_repo(hub)
+    blobs = hf_home / "hub" / "models--org--tiny" / "blobs"
+    blobs.mkdir(parents=True)
+    etag = hashlib.sha256(SHARD_1).hexdigest()
+    (blobs / f"{etag}.incomplete").write_bytes(b"X" * 700)  # not the file's first bytes
+    with caplog.at_level(logging.WARNING):
+        resolved = resolve_model("org/tiny")
+    assert _files(Path(resolved.path)) == SERVED
+    assert "model-00001-of-00002.safetensors resumed from an earlier start did not check out " \
+        "(its SHA-256 is not the hub's); fetching it again" in caplog.text
+    gets = hub.gets(f"/resolve/{repo.commit}/model-00001-of-00002.safetensors")
+    assert [g.headers.get("range") for g in gets] == ["bytes=700-", None]
+
+
+def test_a_process_killed_mid_file_is_continued_by_the_next_start(hub, hf_home):
+    """A start killed outright (SIGKILL, no cleanup) leaves the bytes it received;
+    the next start asks only for the rest."""
+    repo = _model_repo(hub)
+    released = hub.stall_once("org/tiny", "model-00001-of-00002.safetensors", after=1024)
+    script = (
+        "from huggingface_hub import constants; constants.DOWNLOAD_CHUNK_SIZE = 256\n"
+        "from sluiceway.hub import resolve_model; resolve_model('org/tiny')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], env=os.environ.copy(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    storage = hf_home / "hub" / "models--org--tiny"
+    etag = hashlib.sha256(SHARD_1).hexdigest()
+    try:
+        eventually_blocking(lambda: _partials(storage).get(f"{etag}.incomplete") == 1024, limit_s=60)
+    finally:
+        child.kill()
+        stderr = child.communicate()[1]
+    assert child.returncode == -signal.SIGKILL, stderr
+    released.set()
+    resolved = resolve_model("org/tiny")
+    assert _files(Path(resolved.path)) == SERVED
+    gets = hub.gets(f"/resolve/{repo.commit}/model-00001-of-00002.safetensors")
+    assert [g.headers.get("range") for g in gets] == [None, "bytes=1024-"]
 
 
 GGUF_REPO = {
@@ -290,7 +346,64 @@ def test_ctrl_c_mid_file_leaves_the_cache_whole_and_the_next_start_finishes(hub,
     with pytest.raises(KeyboardInterrupt):
         resolve_model("org/tiny")
     storage = hf_home / "hub" / "models--org--tiny"
-    assert not [p for p in (storage / "blobs").iterdir() if p.stat().st_size == 100]
+    assert _partials(storage) == {f"{hashlib.sha256(SHARD_2).hexdigest()}.incomplete": 100}
     assert not (storage / "snapshots" / repo.commit / "model-00002-of-00002.safetensors").exists()
     monkeypatch.setattr(file_download, "http_get", real)
     assert _files(Path(resolve_model("org/tiny").path)) == SERVED
+    gets = hub.gets(f"/resolve/{repo.commit}/model-00002-of-00002.safetensors")
+    assert [g.headers.get("range") for g in gets] == ["bytes=100-"]
+
+
+def _fetch_in_a_process(hf_home: Path, stderr_on_a_terminal: bool) -> str:
+    """What `sluiceway serve org/tiny` writes to stderr while it fetches, run with
+    stderr on a pseudo-terminal or on a pipe (the model is only fetched)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    script = (
+        "from sluiceway import cli\n"
+        "args = cli.build_parser().parse_args(['serve', 'org/tiny'])\n"
+        "cli.configure_logging()\n"
+        "cli._resolve_model(args)\n"
+    )
+    env = {**os.environ, "HF_HOME": str(hf_home), "TERM": "xterm"}
+    if not stderr_on_a_terminal:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stderr.decode()
+    parent, child_end = pty.openpty()
+    # A new pseudo-terminal is 0 columns wide, where tqdm draws nothing.
+    fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=child_end,
+                             stdout=subprocess.DEVNULL)  # fmt: skip
+    os.close(child_end)
+    written = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(parent, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            written += chunk
+    finally:
+        os.close(parent)
+        assert child.wait(timeout=120) == 0, written
+    return written.decode(errors="replace")
+
+
+def test_a_terminal_gets_a_progress_bar_per_file_and_a_log_a_line_per_file(hub, tmp_path):
+    _model_repo(hub)
+    on_terminal = _fetch_in_a_process(tmp_path / "terminal", stderr_on_a_terminal=True)
+    in_a_log = _fetch_in_a_process(tmp_path / "log", stderr_on_a_terminal=False)
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        size = len(SERVED[name])
+        # huggingface_hub's own bar, drawn to the end
+        assert re.search(rf"{re.escape(name)}: 100%\|[^\r\n]*\| {size / 1000:.2f}k/{size / 1000:.2f}k", on_terminal), on_terminal
+        assert f"fetching {name} (" not in on_terminal
+        assert f"fetching {name} ({size / 1024:.1f} KiB)" in in_a_log
+    assert "%|" not in in_a_log
+    assert re.search(r"fetched [\d.]+ KiB of org/tiny in [\d.]+ s", in_a_log)

@@ -5,10 +5,10 @@ else `~/.cache/huggingface/hub`), in its layout, so that what transformers,
 vLLM or `hf download` fetched before is reused and what is fetched here is
 theirs too. Each file is a `hf_hub_download` of the commit the revision
 resolved to: one the cache holds is not asked for again; one being fetched is
-written to a temporary file and renamed into place when complete, so an
-interrupted download leaves no partial file behind (the next start fetches
-that file again, and only the files still missing). A connection dropped
-mid-file is resumed by the library from the byte it reached.
+written beside the blobs and renamed into place when complete, so the cache
+never serves a partial file, and a start that is interrupted leaves what it
+wrote for the next start to continue from (`partial_file`). A connection
+dropped mid-file is resumed by the library from the byte it reached.
 
 Offline (`offline=True`, or `HF_HUB_OFFLINE=1`) nothing is asked of the hub:
 the model is served from the cache or the error names what is missing. A hub
@@ -38,6 +38,7 @@ from sluiceway.hub.files import (
     shards_of,
 )
 from sluiceway.hub.model_id import HubModelId
+from sluiceway.hub.partial_file import PartialFileError, fetch_into_cache
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -215,8 +216,9 @@ def _download(
         if name in missing and not on_terminal:
             log.info("fetching %s (%s)", name, _size(sizes.get(name) or 0))
         try:
-            # huggingface_hub draws its bar per file where stderr is a terminal
-            # (tqdm's own test) and none elsewhere, where the line above says it.
+            if name in missing:
+                _fetch_whole(repo_id, name, commit, cache, token)
+            # The blob is in the cache now: this links it into the snapshot.
             path = hf_hub_download(
                 repo_id, name, revision=commit, cache_dir=cache, endpoint=hub_endpoint(), token=token
             )
@@ -240,6 +242,22 @@ def _download(
     if missing:
         log.info("fetched %s of %s in %.1f s", _size(needed), repo_id, time.monotonic() - started)
     return paths
+
+
+def _fetch_whole(repo_id: str, name: str, commit: str, cache: Path, token: str | None) -> None:
+    """`name`'s blob in the cache, continuing what an earlier start wrote of it
+    (`partial_file`); a continued file that does not check out is fetched again
+    whole."""
+    for attempt in (1, 2):
+        try:
+            fetch_into_cache(
+                repo_id=repo_id, name=name, commit=commit, cache=cache, endpoint=hub_endpoint(), token=token
+            )
+            return
+        except PartialFileError as exc:
+            if attempt == 2:
+                raise OSError(str(exc)) from None
+            log.warning("%s; fetching it again", exc)
 
 
 def _from_cache(model: HubModelId, revision: str, *, reason: str) -> Path:
