@@ -105,7 +105,10 @@ class ModelConfig:
     (docs/tensor-parallel.md). `lora_modules` are LoRA adapters served beside the
     base model, (name, PEFT directory) each, at most `max_loras` loaded at once and
     none of rank above `max_lora_rank` (docs/lora.md); with
-    `enable_lora_runtime_updates` more are loaded and unloaded while serving."""
+    `enable_lora_runtime_updates` more are loaded and unloaded while serving. An
+    adapter given by hub id is fetched with `hf_token` (None: `HF_TOKEN` or the
+    saved login; never in `repr`), or found in the hub cache alone when
+    `offline`."""
 
     model: str | None = None
     dtype: DType = "auto"
@@ -119,6 +122,8 @@ class ModelConfig:
     max_loras: int = attrs.field(default=1, validator=_positive)
     max_lora_rank: int = attrs.field(default=16, validator=_positive)
     enable_lora_runtime_updates: bool = False
+    hf_token: str | None = attrs.field(default=None, repr=False)
+    offline: bool = False
 
 
 @attrs.frozen

@@ -128,7 +128,7 @@ def add_lora_flags(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=PATH",
         help="LoRA adapters served beside the base model, each a PEFT directory "
-        "(adapter_config.json + adapter_model.safetensors); a request's `model` picks one "
+        "(adapter_config.json + adapter_model.safetensors) or its hub id ORG/NAME; a request's `model` picks one "
         "by NAME, and /v1/models lists each with the base model as its parent",
     )
     group.add_argument(
@@ -234,6 +234,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_loras=getattr(args, "max_loras", 1),
         max_lora_rank=getattr(args, "max_lora_rank", 16),
         enable_lora_runtime_updates=getattr(args, "enable_lora_runtime_updates", False),
+        hf_token=getattr(args, "hf_token", None),
+        offline=getattr(args, "offline", False),
     )
 
 

@@ -19,7 +19,9 @@ from sluiceway.engine.step_threads import CallingThread, ModelThread, StepThread
 
 if TYPE_CHECKING:
     from sluiceway.engine.engine import Engine
+    from sluiceway.hub import HubOptions
     from sluiceway.runner.loading import LoadedModel
+    from sluiceway.runner.lora.table import LoraTable
     from sluiceway.runner.model_runner import TorchModelRunner
     from sluiceway.runner.quantization_choice import QuantizationChoice
     from sluiceway.runner.tensor_parallel import TensorParallelRunner
@@ -42,7 +44,7 @@ class ModelBundle:
     quantization: str | None = None
     lora_modules: LoraModules = attrs.field(factory=LoraModules)
     # Reads and checks an adapter to be added while serving (None: they are fixed).
-    lora_check: Callable[[str, str], None] | None = None
+    lora_check: Callable[[str, str], str] | None = None
 
     @property
     def name(self) -> str:
@@ -140,15 +142,20 @@ def load_bundle(
 
 def _enable_lora(
     runner: TorchModelRunner, model: ModelConfig
-) -> tuple[LoraModules, Callable[[str, str], None] | None]:
-    """The adapters of `model.lora_modules`, each read and checked on `runner`
-    (ModelLoadError naming the first bad one), and, with runtime updates, what
-    checks one more (AdapterError)."""
+) -> tuple[LoraModules, Callable[[str, str], str] | None]:
+    """The adapters of `model.lora_modules` (a hub id fetched into the hub
+    cache), each read and checked on `runner` (ModelLoadError naming the first
+    bad one), and, with runtime updates, what fetches and checks one more:
+    `check(name, path)` gives its local directory (AdapterError naming what is
+    wrong)."""
+    from sluiceway.hub import HubError, HubOptions, resolve_adapter
     from sluiceway.runner.loading import ModelLoadError
     from sluiceway.runner.lora import AdapterError
 
+    options = HubOptions(token=model.hf_token, offline=model.offline)
     try:
-        modules = LoraModules.of(dict(model.lora_modules))
+        local = {name: resolve_adapter(path, options) for name, path in model.lora_modules}
+        modules = LoraModules.of(local)
         if len(modules) != len(model.lora_modules):
             raise ValueError("two LoRA adapters have the same name")
         if modules or model.enable_lora_runtime_updates:
@@ -156,11 +163,30 @@ def _enable_lora(
                 modules, max_loras=model.max_loras, max_rank=model.max_lora_rank
             )
             logger.info("LoRA adapters: %s", ", ".join(m.name for m in modules) or "none yet")
-    except (AdapterError, ValueError) as exc:
+    except (AdapterError, ValueError, HubError) as exc:
         raise ModelLoadError(str(exc)) from None
     if not model.enable_lora_runtime_updates:
         return modules, None
-    return modules, lambda name, path: table.check(name, path)
+    return modules, adapter_check(table, options)
+
+
+def adapter_check(table: LoraTable, options: HubOptions) -> Callable[[str, str], str]:
+    """`check(name, path)` for adapters loaded while serving: the local directory
+    of `path` (a hub id fetched with `options`), read and checked against the
+    base model on `table`; AdapterError naming what is wrong. Blocking (it may
+    download): the server runs it on a worker thread."""
+    from sluiceway.hub import HubError, resolve_adapter
+    from sluiceway.runner.lora import AdapterError
+
+    def check(name: str, path: str) -> str:
+        try:
+            directory = resolve_adapter(path, options)
+        except HubError as exc:
+            raise AdapterError(f"LoRA adapter {name!r}: {exc}") from None
+        table.check(name, directory)
+        return directory
+
+    return check
 
 
 def _build_runner(

@@ -68,6 +68,8 @@ class LLM:
             attention_backend=attention_backend,  # type: ignore[arg-type]
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
+            hf_token=hf_token,
+            offline=offline,
         )
         self.bundle = load_bundle(model_config, self.engine_config)
         self.tokenizer = self.bundle.loaded.tokenizer

@@ -8,8 +8,11 @@ from typing import Any
 import peft
 import pytest
 import torch
+from hub_fixtures import hf_home, hub
 
 from tiny_models import TINY_LLAMA
+
+__all__ = ["hf_home", "hub"]  # adapters fetched by hub id
 
 
 @pytest.fixture(scope="package")

@@ -90,6 +90,8 @@ async def serving_adapters(
     from sluiceway.config import EngineConfig, ServerConfig
     from sluiceway.engine.engine import Engine
     from sluiceway.engine.lora_modules import LoraModules
+    from sluiceway.hub import HubOptions
+    from sluiceway.model_engine import adapter_check
     from sluiceway.runner.model_runner import TorchModelRunner
 
     runner = TorchModelRunner(base.config, base.state_dict(), block_size=16, num_blocks=64)
@@ -102,7 +104,7 @@ async def serving_adapters(
         eos_token_ids=frozenset({tokenizer.eos_token_id}),
         max_model_len=256,
         lora_modules=modules,
-        lora_check=table.check if runtime_updates else None,
+        lora_check=adapter_check(table, HubOptions()) if runtime_updates else None,
     )
     async with trio.open_nursery() as nursery:
         yield await nursery.start(

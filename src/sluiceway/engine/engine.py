@@ -81,7 +81,7 @@ class Engine:
         model_thread: StepThread | None = None,
         openmp_pool_release: Callable[[], None] | None = None,
         lora_modules: LoraModules | None = None,
-        lora_check: Callable[[str, str], None] | None = None,
+        lora_check: Callable[[str, str], str] | None = None,
     ) -> None:
         """`model_thread` runs the steps; pass the thread that loaded the model (see
         `step_threads.py`): the engine then owns it and stops it when `run` ends.
@@ -94,7 +94,8 @@ class Engine:
         without one, steps never move). `lora_modules` are the LoRA adapters the
         runner serves, by the name a request gives (`SamplingParams.lora_id`);
         `lora_check(name, path)` reads and checks an adapter before it is added while
-        serving (ValueError naming its problem; None: adapters are fixed at start)."""
+        serving and gives its local directory (a hub id fetched); ValueError naming
+        its problem; None: adapters are fixed at start."""
         self.tokenizer = tokenizer
         self.lora_modules = lora_modules if lora_modules is not None else LoraModules()
         self.lora_check = lora_check

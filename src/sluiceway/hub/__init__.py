@@ -8,6 +8,6 @@ loader never sees a hub id. A local path that exists always wins.
 
 from sluiceway.hub.files import HubError
 from sluiceway.hub.flags import add_hub_flags, hub_options
-from sluiceway.hub.resolve import HubOptions, ResolvedModel, resolve_model
+from sluiceway.hub.resolve import HubOptions, ResolvedModel, resolve_adapter, resolve_model
 
-__all__ = ["HubError", "HubOptions", "ResolvedModel", "add_hub_flags", "hub_options", "resolve_model"]
+__all__ = ["HubError", "HubOptions", "ResolvedModel", "add_hub_flags", "hub_options", "resolve_adapter", "resolve_model"]

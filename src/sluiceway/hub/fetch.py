@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from sluiceway.hub.files import (
     HubError,
+    adapter_plan,
     directory_plan,
     gguf_plan,
     is_gguf_repo,
@@ -82,22 +83,31 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(".").free
 
 
-def fetch(model: HubModelId, *, revision: str | None, token: str | None, offline: bool) -> Path:
+def fetch(
+    model: HubModelId, *, revision: str | None, token: str | None, offline: bool, adapter: bool = False
+) -> Path:
     """The local path serving `model` needs: the snapshot directory of a Hugging
-    Face model, or a GGUF file (a split one's first part, its other parts
-    beside it), fetched into the hub cache unless there already. `token=None`
+    Face model (of a PEFT LoRA adapter, with `adapter`), or a GGUF file (a split
+    one's first part, its other parts beside it), fetched into the hub cache
+    unless there already. `token=None`
     takes `HF_TOKEN` or the saved login, as huggingface_hub does. HubError for
     anything that stops it, in one line without the token. KeyboardInterrupt
     leaves the cache as it was plus the files completed."""
     revision = revision or "main"
     if offline:
-        return _from_cache(model, revision, reason="offline")
+        return _from_cache(model, revision, reason="offline", adapter=adapter)
     try:
         commit, sizes = _listing(model, revision, token)
     except _Unreachable as exc:
         log.warning("cannot reach %s (%s); serving %s from the cache", hub_endpoint(), exc, model.repo_id)
-        return _from_cache(model, revision, reason=f"cannot reach {hub_endpoint()} ({exc})")
+        return _from_cache(
+            model, revision, reason=f"cannot reach {hub_endpoint()} ({exc})", adapter=adapter
+        )
     names = set(sizes)
+    if adapter:
+        _download(model.repo_id, commit, adapter_plan(model.repo_id, names), sizes, token)
+        _remember_revision(model.repo_id, revision, commit)
+        return _snapshot(model.repo_id, commit)
     if model.quant is not None or is_gguf_repo(names):
         gguf = gguf_plan(model.repo_id, names, model.quant)
         paths = _download(model.repo_id, commit, gguf.files, sizes, token)
@@ -260,7 +270,7 @@ def _fetch_whole(repo_id: str, name: str, commit: str, cache: Path, token: str |
             log.warning("%s; fetching it again", exc)
 
 
-def _from_cache(model: HubModelId, revision: str, *, reason: str) -> Path:
+def _from_cache(model: HubModelId, revision: str, *, reason: str, adapter: bool) -> Path:
     """`model` served from the hub cache alone. HubError naming what is missing."""
     cache = hub_cache_dir()
     storage = cache / ("models--" + model.repo_id.replace("/", "--"))
@@ -276,6 +286,10 @@ def _from_cache(model: HubModelId, revision: str, *, reason: str) -> Path:
         )
     names = {str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()}
     try:
+        if adapter:
+            adapter_plan(model.repo_id, names)
+            log.info("serving the adapter %s from the hub cache (%s): %s", model.repo_id, reason, snapshot)
+            return snapshot
         if model.quant is not None or is_gguf_repo(names):
             gguf = gguf_plan(model.repo_id, names, model.quant)
             log.info("serving %s %s from the hub cache (%s)", model.repo_id, gguf.quant, reason)

@@ -6,6 +6,9 @@ tokenizer files and its safetensors weights; never pickles (`*.bin`, `*.pth`),
 never the folders other formats keep (`onnx/`, `original/`, ...). A GGUF
 repository is served from one quant's file, or all the parts of a split one.
 
+A PEFT LoRA adapter repository is served from its `adapter_config.json` and
+`adapter_model.safetensors`.
+
 Pure functions of file names, as `vllm serve` and `llama-server -hf` choose
 them; `hub.fetch` does the downloading.
 """
@@ -54,6 +57,9 @@ _OTHER_FORMATS = (
     (re.compile(r"\.gguf$", re.IGNORECASE), "GGUF"),
     (re.compile(r"\.safetensors$", re.IGNORECASE), "safetensors in subfolders"),
 )
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})$", re.IGNORECASE)
 # The quant a GGUF's name ends with: Q4_K_M, Q8_0, IQ4_XS, UD-Q4_K_XL, F16, BF16, ...
@@ -123,6 +129,23 @@ def directory_plan(repo_id: str, names: Collection[str]) -> DirectoryPlan:
     # (a consolidated copy, say) is not fetched.
     files = [*others, index] if index is not None else [*others, *weights]
     return DirectoryPlan(tuple(files), index)
+
+
+def adapter_plan(repo_id: str, names: Collection[str]) -> tuple[str, ...]:
+    """The files serving `repo_id` as a LoRA adapter needs. HubError when it is
+    not a PEFT adapter, or holds its weights in a format not served (naming it)."""
+    if ADAPTER_CONFIG not in names:
+        held = (
+            "it is a model, with a config.json: serve it as --model"
+            if "config.json" in names
+            else f"it holds: {_formats(names) or 'no model files'}"
+        )
+        raise HubError(f"{repo_id} has no {ADAPTER_CONFIG}, so it is not a PEFT LoRA adapter ({held})")
+    if ADAPTER_WEIGHTS not in names:
+        raise HubError(
+            f"{repo_id} has no {ADAPTER_WEIGHTS}; it holds: {_formats(names) or 'no weights'}"
+        )
+    return (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 
 
 def listed_shards(index: str, weight_map: Iterable[str]) -> tuple[str, ...]:

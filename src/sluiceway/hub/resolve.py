@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from sluiceway.hub.fetch import fetch, offline_from_environment
+from sluiceway.hub.files import HubError
 from sluiceway.hub.model_id import parse_model_id
 
 
@@ -45,3 +46,19 @@ def resolve_model(model: str | None, options: HubOptions | None = None) -> Resol
         offline=options.offline or offline_from_environment(),
     )
     return ResolvedModel(str(path), hub_id.text)
+
+
+def resolve_adapter(path: str, options: HubOptions | None = None) -> str:
+    """A LoRA adapter's local directory: `path` itself when it is one, else the
+    hub id it names (`ORG/NAME`, the latest revision, as vLLM takes one)
+    fetched into the hub cache: only `adapter_config.json` and
+    `adapter_model.safetensors`. `HubError` with a one-line message when it
+    cannot be had."""
+    options = options or HubOptions()
+    hub_id = parse_model_id(path)
+    if hub_id is None:
+        return path
+    if hub_id.quant is not None:
+        raise HubError(f"{path}: a LoRA adapter is named ORG/NAME, with no :QUANT")
+    offline = options.offline or offline_from_environment()
+    return str(fetch(hub_id, revision=None, token=options.token, offline=offline, adapter=True))

@@ -2,8 +2,9 @@
 bodies (`{"lora_name", "lora_path"}`, `{"lora_name"}`) and plain-text answers,
 served only with `--enable-lora-runtime-updates` (otherwise a 404 saying so).
 
-A loaded adapter is read and checked against the base model first (off the event
-loop), so a bad one is a 400 naming its problem. An unloaded adapter's name is
+A loaded adapter (a PEFT directory, or its hub id, fetched into the hub cache)
+is read and checked against the base model first (off the event loop), so a
+bad one is a 400 naming its problem. An unloaded adapter's name is
 gone at once: new requests naming it get the unknown model's 404, and it leaves
 /v1/models; requests already running through it finish under it.
 """
@@ -59,8 +60,8 @@ async def load_lora_adapter() -> Response:
         raise invalid_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
     check = state.engine.lora_check
     assert check is not None
-    try:
-        await trio.to_thread.run_sync(check, name, path)
+    try:  # a hub id is fetched first; the adapter's local directory is served
+        path = await trio.to_thread.run_sync(check, name, path)
     except ValueError as exc:  # AdapterError: what is wrong with it
         raise invalid_request(str(exc), "lora_path") from None
     if modules.named(name) is not None:  # loaded by another request meanwhile
