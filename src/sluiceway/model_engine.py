@@ -313,6 +313,7 @@ def build_core(bundle: ModelBundle, config: EngineConfig) -> EngineCore:
         eos_token_ids=bundle.loaded.eos_token_ids,
         max_model_len=min(model_len, config.max_model_len or model_len),
         enable_prefix_caching=config.enable_prefix_caching,
+        max_loras=bundle.lora_modules.max_loras,
     )
 
 

@@ -76,9 +76,12 @@ class EngineCore:
         enable_prefix_caching: bool = True,
         mask_filler: MaskFiller | None = None,
         background_step_tokens: int = 1,
+        max_loras: int = 0,
     ) -> None:
         """`mask_filler` fills the next-token masks of constrained choices (default:
-        llguidance's, loaded when a request first has a grammar)."""
+        llguidance's, loaded when a request first has a grammar). `max_loras`: the
+        distinct LoRA adapters a step may serve, those the runner keeps loaded
+        (0: no limit)."""
         self.runner = runner
         # Embeddings are served when the runner can pool (`PoolingModelRunner`).
         self.pooling: PoolingSpec | None = getattr(runner, "pooling", None)
@@ -87,7 +90,7 @@ class EngineCore:
         self._decode = decode
         self.blocks = BlockManager(runner.num_blocks, runner.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.blocks, max_num_seqs, max_num_batched_tokens, background_step_tokens
+            self.blocks, max_num_seqs, max_num_batched_tokens, background_step_tokens, max_loras
         )
         self.eos_token_ids = frozenset(eos_token_ids)
         # A sequence must fit in the cache on its own, or preemption could never

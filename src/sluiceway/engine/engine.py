@@ -118,6 +118,7 @@ class Engine:
             max_model_len=model_len,
             enable_prefix_caching=config.enable_prefix_caching,
             background_step_tokens=config.background_step_tokens,
+            max_loras=self.lora_modules.max_loras,
         )
         self.max_model_len = self._core.max_model_len
         self._inbox_send, self._inbox = trio.open_memory_channel[_Message](math.inf)

@@ -8,6 +8,7 @@ from collections.abc import Hashable
 import attrs
 
 from sluiceway.engine.block_manager import BlockManager, block_key, chain_hash, root_hash
+from sluiceway.engine.lora_modules import BASE_LORA_ID
 from sluiceway.engine.sequence import Sequence, SequenceStatus
 
 
@@ -101,12 +102,22 @@ class Scheduler:
     for the next step, first in line. A background embedding chunk runs only on an
     engine that holds no foreground sequence: beside a foreground decode it would
     stall that stream for a whole chunk.
+
+    LoRA adapters (`SamplingParams.lora_id`; 0 is the base model): with
+    `max_loras` (0: no limit) the running sequences use at most that many
+    distinct adapters, the runner's resident set, as vLLM's `--max-loras` caps
+    a batch. A waiting sequence whose adapter would be one too many waits,
+    first in line, and no later sequence of any adapter is admitted past it
+    (the base model's are): otherwise a steady stream of requests to the
+    adapters running could keep its adapter out for ever. It starts once every
+    sequence of one running adapter has finished.
     """
 
     blocks: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
     background_step_tokens: int = 1
+    max_loras: int = 0
     waiting: deque[Sequence] = attrs.field(factory=deque)
     running: list[Sequence] = attrs.field(factory=list)
     num_preemptions: int = 0
@@ -261,8 +272,9 @@ class Scheduler:
         if not self.waiting or budget.tokens <= 0 or len(self.running) >= self.max_num_seqs:
             return
         running_by_group = Counter(seq.group for seq in self.running)
+        adapters = {seq.params.lora_id for seq in self.running} - {BASE_LORA_ID}
         while budget.tokens > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_waiting(running_by_group, background)
+            seq = self._next_waiting(running_by_group, adapters, background)
             if seq is None:
                 break
             if seq.num_computed_tokens == 0 and not seq.block_ids and seq.reuses_cached_prefix:
@@ -290,23 +302,35 @@ class Scheduler:
             else:
                 self.waiting.remove(seq)
             running_by_group[seq.group] += 1
+            if seq.params.lora_id != BASE_LORA_ID:
+                adapters.add(seq.params.lora_id)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._schedule(seq, count, work)
             budget.take(seq, count)
 
     def _next_waiting(
-        self, running_by_group: Counter[Hashable], background: bool
+        self, running_by_group: Counter[Hashable], adapters: set[int], background: bool
     ) -> Sequence | None:
         """The first waiting sequence of the class (`background` or not) whose group
         runs the fewest sequences; None when none of the class waits. Stops at the
         first group that runs none, so with every waiting sequence in a group of its
-        own (the usual case) this looks at the first of the class only."""
+        own (the usual case) this looks at the first of the class only. Past a
+        sequence held by `max_loras` (the running `adapters` are as many), only
+        the base model's are taken."""
         best: Sequence | None = None
         fewest = 0
+        held_for_adapters = False
         for seq in self.waiting:
             if seq.background != background:
                 continue
+            lora_id = seq.params.lora_id
+            if lora_id != BASE_LORA_ID and self.max_loras:
+                if held_for_adapters:
+                    continue
+                if lora_id not in adapters and len(adapters) >= self.max_loras:
+                    held_for_adapters = True
+                    continue
             running = running_by_group[seq.group]
             if best is None or running < fewest:
                 best, fewest = seq, running
