@@ -136,8 +136,8 @@ def add_lora_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="LoRA adapters kept loaded at once, least recently used dropped first; a step "
-        "may hold more, which are then loaded for it (default 1)",
+        help="distinct LoRA adapters one step serves and kept loaded, least recently used "
+        "dropped first; a request of one more waits (default 1)",
     )
     group.add_argument(
         "--max-lora-rank",
