@@ -79,13 +79,16 @@ def write_gguf(
     *,
     embedding_type: Any = None,
     split_max_tensors: int = 0,
+    linear_overrides: dict[str, Any] | None = None,
 ) -> list[Path]:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
     at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
     quantizes, such as Q4_1 or Q8_0, or Q6_K, which `kquant_blocks` encodes), the
     layers' linear weights are stored in that type instead, as a quantized
     llama.cpp file stores them. `embedding_type` stores the token embedding and
-    the output head (where untied) so as well. `split_max_tensors` splits the
+    the output head (where untied) so as well. `linear_overrides` stores some
+    linears in another type, by GGUF name (`{"ffn_down": Q8_0}`), as llama.cpp's
+    mixes (Q4_K_M) do. `split_max_tensors` splits the
     file as llama.cpp's gguf-split does, that many tensors a part, named
     `STEM-00001-of-0000N.gguf` beside `path`. The paths written, in order."""
     import gguf
@@ -128,8 +131,10 @@ def write_gguf(
         if arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             data = _llama_permute(data, heads)
-        if linear_type is not None and name.split(".")[-2] in _LINEAR_NAMES:
-            writer.add_tensor(name, _quantize(data, linear_type), raw_dtype=linear_type)
+        linear = name.split(".")[-2]
+        kind = (linear_overrides or {}).get(linear, linear_type)
+        if kind is not None and linear in _LINEAR_NAMES:
+            writer.add_tensor(name, _quantize(data, kind), raw_dtype=kind)
         elif embedding_type is not None and name in ("token_embd.weight", "output.weight"):
             writer.add_tensor(name, _quantize(data, embedding_type), raw_dtype=embedding_type)
         else:

@@ -234,3 +234,62 @@ def test_stored_blocks_pack_into_the_tiles_their_codes_give(tmp_path, kind, monk
     for dtype in ("bfloat16", "float32"):
         fast, through_codes = packed(dtype, True), packed(dtype, False)
         assert all(torch.equal(a, b) for a, b in zip(fast, through_codes, strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_projections_stored_in_more_bits_keep_them_on_the_int4_path(
+    tmp_path, dtype, monkeypatch, greedy_driver_cls
+):
+    """A mix as llama.cpp's Q4_K_M writes one: 4-bit layers, attn_v and ffn_down
+    in more bits (Q8_0 here; Q6_K there). On the int4 path those are served on
+    int8, with the fused qkv that holds v; o and gate_up stay int4. Their logits
+    are nearer the stored weights' than with every projection on int4, and the
+    one-token C step takes the mixed layers wherever it takes an all-int8 model,
+    giving the tokens of the Python layer loop."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.engine.batch import ScheduledChunk, StepBatch
+    from sluiceway.engine.sampling_params import SamplingParams
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.linear import Int4Weight, Int8Weight
+    from sluiceway.runner.models.layer import Weights
+
+    model = _model("llama")
+    path = tmp_path / "tiny-llama.Q4_mixed.gguf"
+    write_gguf(model, path, Q.Q4_0, linear_overrides={"attn_v": Q.Q8_0, "ffn_down": Q.Q8_0})
+
+    def runner(quantization: str):
+        return load_bundle(
+            ModelConfig(model=str(path), dtype=dtype, quantization=quantization),
+            EngineConfig(num_kv_blocks=16),
+            progress=False,
+        ).runner
+
+    mixed = runner("int4")
+    for layer in mixed.model.layers:
+        assert isinstance(layer.qkv.quantized, Int8Weight)
+        assert isinstance(layer.down.quantized, Int8Weight)
+        assert isinstance(layer.o.quantized, Int4Weight)
+        assert isinstance(layer.gate_up.quantized, Int4Weight)
+    reference = load_model(str(path), dtype="float32", progress=False)
+    prompt = reference.tokenizer("The capital of France is")["input_ids"]
+
+    def logits(served) -> torch.Tensor:
+        chunk = ScheduledChunk(0, prompt, 0, list(range(4)), True, SamplingParams(temperature=0.0))
+        return served.forward_logits(StepBatch(chunks=(chunk,)))[0].float()
+
+    module = transformers_module(reference.hf_config, reference.state_dict(), torch_dtype=torch.float32)
+    with torch.no_grad():
+        want = module(torch.tensor([prompt])).logits[0, -1]
+    with monkeypatch.context() as patched:
+        patched.setattr(Weights, "stored_bits_path", lambda self, names: None)
+        every_int4 = runner("int4")
+    assert isinstance(every_int4.model.layers[0].down.quantized, Int4Weight)
+    assert (logits(mixed) - want).norm() < (logits(every_int4) - want).norm()
+
+    fused = greedy_driver_cls(mixed).generate([prompt], NEW_TOKENS)[0]
+    all_int8 = runner("int8")
+    greedy_driver_cls(all_int8).generate([prompt], NEW_TOKENS)
+    # Built (not None) for the mixed layers exactly where it is for int8 alone.
+    assert (mixed.model._one_token[1] is None) == (all_int8.model._one_token[1] is None)
+    mixed.model.fuse_one_token_steps = False
+    assert greedy_driver_cls(mixed).generate([prompt], NEW_TOKENS)[0] == fused

@@ -9,7 +9,8 @@ on int4, whose groups of 32 with a scale and an offset hold Q4_0's and Q4_1's
 blocks as stored (`checkpoint/stored_int4.py`) and the other 4-bit types
 closely; 5-, 6- and 8-bit types on int8 (one scale a row: no fewer bits a
 weight than stored, though Q8_0's and the K-quants' finer-grained scales are
-requantized to the row's). Float weights
+requantized to the row's). On int4, a layer linear stored in 5 to 8 bits
+is served on int8 all the same (`models.layer.Weights.linear`). Float weights
 (safetensors, or a GGUF of F32/F16/BF16) stay unquantized, as does everything on
 CUDA, where the quantized kernels do not run.
 

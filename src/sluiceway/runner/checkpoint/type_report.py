@@ -6,6 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES
+from sluiceway.runner.quantization_choice import path_for_type
 
 _FLOAT_NAMES = {"F32", "F16", "BF16", "F64"}
 _INT4_BLOCK_NAMES = {t.name for t in INT4_BLOCK_TYPES}
@@ -31,9 +32,17 @@ def stored_types_report(loaded: Any, quantization: str | None, from_blocks: bool
     for name, tensor in loaded.state_dict().items():
         groups[(getattr(tensor, "type_name", "?"), _role(name))] += 1
     tied = getattr(loaded.hf_config, "tie_word_embeddings", False)
+    # On int4, layer linears stored in 5 to 8 bits are served on int8, and so is
+    # every part fused with one (`models.layer.Weights.linear`).
+    finer = quantization == "int4" and any(
+        role == "layer linears" and path_for_type(kind) == "int8" for kind, role in groups
+    )
     parts = []
     for (kind, role), count in sorted(groups.items()):
-        parts.append(f"{kind} {role} ({count}) -> {_served(kind, role, quantization, from_blocks, dtype, tied)}")
+        served = _served(kind, role, quantization, from_blocks, dtype, tied)
+        if finer and role == "layer linears" and served.startswith("int4"):
+            served += ", int8 where fused with a part stored in more bits"
+        parts.append(f"{kind} {role} ({count}) -> {served}")
     return "stored " + "; ".join(parts)
 
 
@@ -46,6 +55,8 @@ def _served(kind: str, role: str, quantization: str | None, from_blocks: bool, d
         return f"{q} (dequantized, requantized)"
 
     if role == "layer linears" and quantization is not None:
+        if quantization == "int4" and path_for_type(kind) == "int8":
+            return path("int8") + ", its stored bits kept"
         return path(quantization)
     head = "int8" if quantization == "int4" else quantization
     if role == "output head" and head is not None:

@@ -14,6 +14,7 @@ from sluiceway.runner.linear import Int4Weight, Linear
 from sluiceway.runner.models.architecture import Architecture
 from sluiceway.runner.models.experts import Expert, Experts
 from sluiceway.runner.native.int8_dot import TiledWeight
+from sluiceway.runner.quantization_choice import path_for_type
 
 
 @attrs.frozen
@@ -81,8 +82,12 @@ class Weights:
     ) -> Linear:
         """The `Linear` of the fused weights `names` (and biases `bias_names`):
         from the checkpoint's own int4 blocks where `quantization` is int4 and it
-        stores them, else quantized here as `quantization` says."""
+        stores them, else quantized here as `quantization` says, but on int8
+        where int4 would hold fewer bits than the checkpoint stores (a Q4_K_M
+        GGUF's Q6_K projections: `stored_bits_path`)."""
         bias = self.fused(bias_names, required=False) if bias_names else None
+        if quantization == "int4" and self.stored_bits_path(names) == "int8":
+            quantization = "int8"
         if quantization == "int4" and self.stored is not None:
             stored = self.stored(names)
             if stored is not None:
@@ -100,6 +105,19 @@ class Weights:
             row_absmax=absmax,
             dense_copy=self.dense_copies,
         )
+
+    def stored_bits_path(self, names: list[str]) -> str | None:
+        """The weight-only path that keeps the detail of the finest stored part of
+        `names` (`quantization_choice.path_for_type`): "int8" when one is stored
+        in 5 to 8 bits, "int4" when all are stored in fewer, None when the
+        checkpoint does not say (or stores one as floats)."""
+        stored_type = getattr(self._weights, "stored_type", None)
+        if stored_type is None:
+            return None
+        paths = {path_for_type(t) if (t := stored_type(n)) else None for n in names}
+        if None in paths:
+            return None
+        return "int8" if "int8" in paths else "int4"
 
     def get(self, name: str) -> torch.Tensor | None:
         tensor = self._weights.get(name)

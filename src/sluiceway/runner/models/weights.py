@@ -122,6 +122,13 @@ class CanonicalWeights(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._views)
 
+    def stored_type(self, name: str) -> str | None:
+        """The GGML type the checkpoint stores canonical weight `name` as (its
+        tensor's `type_name`: "Q6_K", "F16", ...), None where it does not say (a
+        safetensors checkpoint, a tensor given as values)."""
+        view = self._views.get(name)
+        return None if view is None else getattr(self._state_dict[view.name], "type_name", None)
+
 
 def read_all(
     views: Mapping[str, WeightView], state_dict: Mapping[str, Any]

@@ -23,19 +23,20 @@
 #include "paged_decode.c"
 
 /* The pointers of one layer, in this order, as int64 (see `decode_one.py`). Each
- * projection has its weight, its int8 row scales (0 for int4) and its bias (0 for
- * none). */
-/* Set in `bits` when the projections are int8_dot.c's tiles. */
+ * projection has its weight, its int8 row scales (0 for int4 and for tiles), its
+ * bias (0 for none) and its bits: 4 or 8, plus TILED for int8_dot.c's tiles. A
+ * layer may mix them: a GGUF keeps some projections at more bits than others. */
+/* Set in a projection's bits when it is int8_dot.c's tiles. */
 #define TILED 16
 
 enum {
     INPUT_NORM,
     POST_NORM,
     QKV,
-    O = QKV + 3,
-    GATE_UP = O + 3,
-    DOWN = GATE_UP + 3,
-    K_CACHE = DOWN + 3,
+    O = QKV + 4,
+    GATE_UP = O + 4,
+    DOWN = GATE_UP + 4,
+    K_CACHE = DOWN + 4,
     V_CACHE,
     POINTERS_PER_LAYER
 };

@@ -1,7 +1,7 @@
 """`OneTokenDecode`: a step of one sequence with one new token through every layer in
 one C call (see `decode_one.c`), for bfloat16 or float32 models whose projections
-are all int4 (packed for that dtype's native kernel) or all int8, with native layer
-ops and native decode attention. It computes exactly what the Python layer loop
+are int4 or int8 in forms the native kernels take (a layer may mix them), with
+native layer ops and native decode attention. It computes exactly what the Python layer loop
 computes with those kernels."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from sluiceway.runner.models.layer import LayerWeights
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_ARGTYPES = [_P, _P, _I, _N] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N, _N]
+_ARGTYPES = [_P, _P, _I] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N, _N]
 TILED = 16  # decode_one.c's flag for int8_dot's tiles
 _ERRORS = {
     1: "shapes the native kernels do not take",
@@ -98,12 +98,10 @@ class OneTokenDecode:
         pointers: list[list[int]],
         intermediate: int,
         kv_cache: KVCache,
-        bits: int,
     ):
         """Use `build`: it checks what the C step takes and lays out `pointers`."""
         self._fn = fn
         self._shape = shape
-        self._bits = bits
         self._intermediate = intermediate
         # Pointers into tensors the model and the cache hold for their lifetime.
         self._layers = torch.tensor(pointers, dtype=torch.int64)
@@ -116,14 +114,13 @@ class OneTokenDecode:
         cls, shape: ModelShape, layers: Sequence[LayerWeights], kv_cache: KVCache, eligible: bool
     ) -> OneTokenDecode | None:
         """The fused step for this model and cache, or None unless the kernels take its
-        heads, every projection is int4 with the native packing or every one int8
-        (see `_projection`), the norms, biases and caches are contiguous CPU tensors
+        heads, every projection is int4 or int8 in a form the kernels take (see
+        `_projection`), the norms, biases and caches are contiguous CPU tensors
         of one dtype (bfloat16 or float32), the model's other kernels are the native
         ones (`eligible`) and the library builds here."""
         if not eligible or not layers or not _kernels_take(shape):
             return None
         tensors: list[torch.Tensor] = []
-        kinds = set()
         pointers = []  # one row per layer, in decode_one.c's order
         for i, layer in enumerate(layers):
             row = [_ptr(layer.input_norm), _ptr(layer.post_norm)]
@@ -134,8 +131,7 @@ class OneTokenDecode:
                 if linear is None or projection is None:
                     return None
                 bits, weight, scales = projection
-                kinds.add(bits)
-                row += [_ptr(weight), _ptr(scales), _ptr(linear.bias)]
+                row += [_ptr(weight), _ptr(scales), _ptr(linear.bias), bits]
                 if linear.bias is not None:
                     tensors.append(linear.bias)
             caches = [kv_cache.key_caches[i], kv_cache.value_caches[i]]
@@ -144,8 +140,7 @@ class OneTokenDecode:
             pointers.append(row)
         dtype = tensors[0].dtype
         if (
-            len(kinds) != 1
-            or dtype not in _SUFFIXES
+            dtype not in _SUFFIXES
             or not all(
                 t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
                 for t in tensors
@@ -159,7 +154,7 @@ class OneTokenDecode:
         down = layers[0].down
         assert down is not None  # every layer's projections were checked above
         intermediate = down.in_features
-        return cls(fn, shape, pointers, intermediate, kv_cache, kinds.pop())
+        return cls(fn, shape, pointers, intermediate, kv_cache)
 
     def serves(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
         """Whether `run` takes this step: one sequence, one new token, this cache."""
@@ -189,7 +184,6 @@ class OneTokenDecode:
             hidden.data_ptr(),
             self._layers.data_ptr(),
             s.num_layers,
-            self._bits,
             s.hidden_size,
             s.num_heads,
             s.num_kv_heads,

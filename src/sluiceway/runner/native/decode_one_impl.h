@@ -12,9 +12,11 @@ static void NAME(add_bias)(T *y, const T *bias, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = STORE(LOAD(y[i]) + LOAD(bias[i]));
 }
 
-static int NAME(matvec)(int bits, const T *x, int64_t in, const int64_t *layer, int which,
+static int NAME(matvec)(const T *x, int64_t in, const int64_t *layer, int which,
                         int64_t out, T *y, int level, int num_threads) {
     const int is_bf16 = sizeof(T) == 2;
+    const int bits = (int)layer[which + 3];
+    if ((bits & ~TILED) != 4 && (bits & ~TILED) != 8) return 1;
     const int status =
         bits & TILED ? int8_dot(bits & ~TILED, x, is_bf16, 1, in,
                                 (const uint8_t *)(intptr_t)layer[which], out, (int)sizeof(T), y,
@@ -28,20 +30,19 @@ static int NAME(matvec)(int bits, const T *x, int64_t in, const int64_t *layer, 
 }
 
 /* `hidden` [hidden_size]: the token's embedding in, the residual stream after the
- * last layer out (before the final norm). `layers` [num_layers, POINTERS_PER_LAYER];
- * `bits` 4 or 8, the projections' quantization, plus TILED for int8_dot's tiles
- * (int4 ones with scales of type T), which run at ISA `level`.
+ * last layer out (before the final norm). `layers` [num_layers, POINTERS_PER_LAYER],
+ * each projection with its bits (int8_dot's tiles, int4 ones with scales of type T,
+ * run at ISA `level`).
  * `cos`, `sin` [head_dim] (sin's first half negated); `slot` where this token's k/v
  * go; `table` [max_blocks] and `seq_len` its context after this token. Returns 0, 1
  * for shapes the kernels do not take, 2 when memory ran out, 3 for a slot outside
  * the cache, 4 for a context longer than its table. */
-int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int bits,
+int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers,
                     int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
                     int64_t head_dim, int64_t intermediate, const T *cos,
                     const T *sin, const int64_t *slot, int64_t num_slots,
                     const int32_t *table, int64_t max_blocks, const int32_t *seq_len,
                     int64_t block_size, float scale, float eps, int num_threads, int level) {
-    if ((bits & ~TILED) != 4 && (bits & ~TILED) != 8) return 1;
     if (*seq_len < 1 || *seq_len > max_blocks * block_size) return 4;
     const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
@@ -58,7 +59,7 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
         const int64_t *layer = layers + i * POINTERS_PER_LAYER;
         T *k_cache = (T *)(intptr_t)layer[K_CACHE];
         T *v_cache = (T *)(intptr_t)layer[V_CACHE];
-        if ((status = NAME(matvec)(bits, x, hidden_size, layer, QKV, qkv_size, qkv, level, num_threads))) break;
+        if ((status = NAME(matvec)(x, hidden_size, layer, QKV, qkv_size, qkv, level, num_threads))) break;
         const int rope = NAME(rope_cache)(qkv, cos, sin, slot, q, k_cache, v_cache, 1, num_heads,
                                          num_kv_heads, head_dim, num_slots, num_threads);
         if (rope) {
@@ -69,14 +70,14 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers, int b
                                    num_heads, num_kv_heads, head_dim, block_size, scale,
                                    num_threads, 0, 0)))
             break;
-        if ((status = NAME(matvec)(bits, attn, q_size, layer, O, hidden_size, proj, level, num_threads))) break;
+        if ((status = NAME(matvec)(attn, q_size, layer, O, hidden_size, proj, level, num_threads))) break;
         NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POST_NORM], x, 1,
                           hidden_size, eps, num_threads);
-        if ((status = NAME(matvec)(bits, x, hidden_size, layer, GATE_UP, 2 * intermediate, gate_up,
+        if ((status = NAME(matvec)(x, hidden_size, layer, GATE_UP, 2 * intermediate, gate_up,
                              level, num_threads)))
             break;
         NAME(silu_mul)(gate_up, act, 1, intermediate, num_threads);
-        if ((status = NAME(matvec)(bits, act, intermediate, layer, DOWN, hidden_size, proj, level, num_threads)))
+        if ((status = NAME(matvec)(act, intermediate, layer, DOWN, hidden_size, proj, level, num_threads)))
             break;
         if (i + 1 < num_layers) {
             NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POINTERS_PER_LAYER + INPUT_NORM], x, 1,
