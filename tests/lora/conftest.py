@@ -47,3 +47,12 @@ def models(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         model.save_pretrained(str(path))
         out[name], out["dirs"][name] = model, str(path)
     return out
+
+
+@pytest.fixture
+def triton_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton kernels launched on CPU tensors run in triton's interpreter, as
+    tests/kernels runs them (without CUDA)."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")

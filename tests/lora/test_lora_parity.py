@@ -77,6 +77,17 @@ def test_adapters_and_base_in_one_batch_match_peft(family, tmp_path):
     assert got == want
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_the_triton_kernel_serves_the_same_tokens(family, tmp_path, triton_interpreted):
+    """The deltas through `kernels/lora_delta.py` (the CUDA path; triton's
+    interpreter here), adapters of ranks 4 and 8 stacked by slot."""
+    runner, modules, models = serve(family, tmp_path)
+    runner.lora.kernel = "triton"
+    got, _ = interleaved(runner, modules, budget=512)
+    assert runner.lora._stacked is not None and len(runner.lora._stacked.adapters) == 2
+    assert got == expected(models, family)
+
+
 def test_chunked_prefill_and_preemption_match_peft(tmp_path):
     # 5 tokens a step prefills the long prompt in chunks beside others' decodes;
     # 20 blocks of 4 tokens cannot hold nine sequences, so some are preempted and

@@ -12,7 +12,7 @@ import torch
 from sluiceway.engine.batch import ScheduledChunk
 from sluiceway.engine.lora_modules import BASE_LORA_ID, LoraModule, LoraModules
 from sluiceway.runner.lora.adapter import AdapterError, LoraAdapter, load_adapter
-from sluiceway.runner.lora.rows import LoraRows
+from sluiceway.runner.lora.rows import LoraRows, StackedAdapters
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,11 @@ log = logging.getLogger(__name__)
 class LoraTable:
     """Adapters of `modules` for one `DecoderModel`, by lora id.
 
-    `max_loras` bounds the adapters kept between steps; a step whose chunks name
-    more loads them all for that step and drops the surplus afterwards.
+    `max_loras` bounds the adapters kept between steps (the scheduler keeps a
+    step's to as many); a step whose chunks name more loads them all for that
+    step and drops the surplus afterwards. `kernel` is how the deltas run:
+    "torch" (a loop over the step's adapters), "triton" (`kernels/lora_delta.py`,
+    the step's adapters stacked by slot) or "auto" (triton on CUDA).
     """
 
     def __init__(self, model, modules: LoraModules, *, max_loras: int, max_rank: int) -> None:
@@ -33,6 +36,10 @@ class LoraTable:
         self.max_rank = max_rank
         self._resident: OrderedDict[int, LoraAdapter] = OrderedDict()
         self.loads = 0
+        self.kernel = "auto"
+        # The last step's adapters stacked for the triton kernel: decode steps
+        # keep the same set for many steps, so each set is stacked once.
+        self._stacked: StackedAdapters | None = None
 
     def load(self, module: LoraModule) -> LoraAdapter:
         """`module`'s adapter read and checked against the model (AdapterError)."""
@@ -98,6 +105,11 @@ class LoraTable:
                 break
             if stale not in by_id:
                 del self._resident[stale]
-        return LoraRows.of(
-            [by_id.get(i) for i in ids], [len(c.token_ids) for c in chunks], device
-        )
+        row_adapters = [by_id.get(i) for i in ids]
+        counts = [len(c.token_ids) for c in chunks]
+        if self.kernel == "triton" or (self.kernel == "auto" and torch.device(device).type == "cuda"):
+            step = tuple(by_id[i] for i in sorted(by_id))
+            if self._stacked is None or not self._stacked.holds(step):
+                self._stacked = StackedAdapters(step)
+            return LoraRows.stacked_rows(self._stacked, row_adapters, counts, device)
+        return LoraRows.of(row_adapters, counts, device)
