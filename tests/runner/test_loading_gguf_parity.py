@@ -293,3 +293,40 @@ def test_projections_stored_in_more_bits_keep_them_on_the_int4_path(
     assert (mixed.model._one_token[1] is None) == (all_int8.model._one_token[1] is None)
     mixed.model.fuse_one_token_steps = False
     assert greedy_driver_cls(mixed).generate([prompt], NEW_TOKENS)[0] == fused
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_tokenizer_is_the_one_auto_tokenizer_builds(tmp_path, family, monkeypatch):
+    """The GGUF's tokenizer is built without AutoTokenizer's second reading of the
+    header, and is what AutoTokenizer builds: its class, vocabulary, special
+    tokens, chat template and encodings. A tokenizer file beside the GGUF leaves
+    the choice to AutoTokenizer."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from sluiceway.runner.checkpoint import gguf_metadata
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(_model(family), path)
+    kwargs = {"gguf_file": path.name, "local_files_only": True}
+    config = AutoConfig.from_pretrained(tmp_path, **kwargs)
+    want = AutoTokenizer.from_pretrained(tmp_path, **kwargs)
+    got = gguf_metadata._tokenizer(path, config)
+    assert type(got) is type(want)
+    assert got.get_vocab() == want.get_vocab()
+    assert got.special_tokens_map == want.special_tokens_map
+    assert got.chat_template == want.chat_template
+    texts = ["The capital of France is", "  two  spaces\tand a tab\n", "<|im_start|>user hi"]
+    assert [got(t)["input_ids"] for t in texts] == [want(t)["input_ids"] for t in texts]
+    chat = [{"role": "user", "content": "Hello there"}]
+    if want.chat_template:
+        assert got.apply_chat_template(chat, tokenize=False) == want.apply_chat_template(
+            chat, tokenize=False
+        )
+    calls = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or real(*a, **k))
+    gguf_metadata._tokenizer(path, config)
+    assert calls == []
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    gguf_metadata._tokenizer(path, config)
+    assert len(calls) == 1
