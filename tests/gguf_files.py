@@ -69,6 +69,10 @@ def _quantize(data: np.ndarray, kind: Any) -> np.ndarray:
         from kquant_blocks import quantize_q6_k
 
         return quantize_q6_k(data)
+    if kind == gguf.GGMLQuantizationType.Q4_K:
+        from kquant_blocks import quantize_q4_k
+
+        return quantize_q4_k(data)
     return gguf.quants.quantize(data, kind)
 
 
@@ -83,7 +87,7 @@ def write_gguf(
 ) -> list[Path]:
     """`model` (a transformers causal LM of `VOCAB_SIZE` tokens) as a float32 GGUF
     at `path`; with `linear_type` (a `gguf.GGMLQuantizationType` that gguf-py
-    quantizes, such as Q4_1 or Q8_0, or Q6_K, which `kquant_blocks` encodes), the
+    quantizes, such as Q4_1 or Q8_0, or Q6_K and Q4_K, which `kquant_blocks` encodes), the
     layers' linear weights are stored in that type instead, as a quantized
     llama.cpp file stores them. `embedding_type` stores the token embedding and
     the output head (where untied) so as well. `linear_overrides` stores some

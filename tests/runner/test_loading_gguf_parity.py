@@ -330,3 +330,51 @@ def test_the_tokenizer_is_the_one_auto_tokenizer_builds(tmp_path, family, monkey
     (tmp_path / "tokenizer_config.json").write_text("{}")
     gguf_metadata._tokenizer(path, config)
     assert len(calls) == 1
+
+
+def test_q4_k_blocks_decode_as_gguf_py_decodes_them():
+    """Any Q4_K bytes (random codes, 6-bit scales and mins, fp16 d and dmin):
+    their values bit for bit gguf-py's, and as int4 groups of 32 the same values."""
+    from sluiceway.runner.checkpoint.block_codes import int4_blocks, q4_k_values
+
+    rng = np.random.default_rng(7)
+    rows, cols = 5, 768
+    raw = rng.integers(0, 256, size=(rows, cols // 256, 144), dtype=np.uint8)
+    raw[..., 0:4] = (rng.random((rows, cols // 256, 2)) * 0.02).astype(np.float16).view(np.uint8)
+    data = raw.reshape(rows, -1)
+    want = quants.dequantize(data, Q.Q4_K).reshape(rows, cols)
+    assert np.array_equal(q4_k_values(data, rows).numpy(), want)
+    blocks = int4_blocks(Q.Q4_K, data, rows)
+    assert blocks.shape == (rows, cols)
+    torch.testing.assert_close(blocks.values(), torch.from_numpy(want), rtol=1e-6, atol=1e-7)
+
+
+def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(tmp_path, hf_greedy_fn, greedy_driver_cls):
+    """Q4_K layers are int4 straight from their blocks (the codes and scales as
+    stored, no float round trip); the Q6_K attn_v and ffn_down of the mix are
+    int8, with the q and k fused beside v."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.linear import Int4Weight, Int8Weight
+
+    model = _model("llama", hidden_size=256, intermediate_size=256, head_dim=64)
+    with torch.no_grad():
+        # Positive weights: each sub-block's codes start above 0, which values
+        # quantized again would spread over 0..15 (other codes, other values).
+        for linear in (model.model.layers[1].self_attn.o_proj, model.model.layers[1].mlp.gate_proj):
+            linear.weight.copy_(0.5 + 0.1 * torch.randn_like(linear.weight))
+    path = tmp_path / "tiny-llama.Q4_K_M.gguf"
+    write_gguf(model, path, Q.Q4_K, linear_overrides={"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K})
+    bundle = load_bundle(
+        ModelConfig(model=str(path), dtype="float32", quantization="int4"),
+        EngineConfig(num_kv_blocks=16),
+        progress=False,
+    )
+    layer = bundle.runner.model.layers[1]
+    assert isinstance(layer.o.quantized, Int4Weight) and isinstance(layer.gate_up.quantized, Int4Weight)
+    assert isinstance(layer.qkv.quantized, Int8Weight) and isinstance(layer.down.quantized, Int8Weight)
+    stored = torch.from_numpy(_stored(path, "blk.1.attn_output.weight"))
+    torch.testing.assert_close(layer.o.quantized.values(torch.float32), stored, rtol=1e-6, atol=1e-7)
+    gate = torch.from_numpy(_stored(path, "blk.1.ffn_gate.weight"))
+    gate_up = layer.gate_up.quantized.values(torch.float32)
+    torch.testing.assert_close(gate_up[: gate.shape[0]], gate, rtol=1e-6, atol=1e-7)

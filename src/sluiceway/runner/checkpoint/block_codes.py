@@ -1,13 +1,19 @@
-"""The codes and scales of GGUF's 32-weight block types, unpacked with torch.
+"""The codes and scales of GGUF's 4-bit and 8-bit block types, unpacked with torch.
 
     Q4_0: fp16 d, 16 bytes of nibbles            w = (q - 8) * d      q in 0..15
     Q4_1: fp16 d, fp16 m, 16 bytes of nibbles    w = q * d + m        q in 0..15
     Q8_0: fp16 d, 32 int8                        w = q * d            q in -127..127
+    Q4_K: 256 weights: fp16 d, fp16 dmin, 12 bytes of eight 6-bit (sc, m) pairs,
+          128 bytes of nibbles                   w = d sc q - dmin m  q in 0..15
 
-A block's byte j holds weight j in its low nibble and weight j + 16 in its high
-one. The runtime int4 format (`linear.Int4Weight`) is `w = (q - 8) * scale +
-offset` over groups of 32 with the same codes, so a Q4_0 block is `scale = d,
-offset = 0` and a Q4_1 block `scale = d, offset = m + 8 d` (`Int4Blocks`).
+A Q4_0/Q4_1 block's byte j holds weight j in its low nibble and weight j + 16
+in its high one. A Q4_K block's eight sub-blocks of 32 weights take their
+nibbles from four runs of 32 bytes: run r's low nibbles are sub-block 2r, its
+high ones sub-block 2r + 1 (ggml's `dequantize_row_q4_K`). The runtime int4
+format (`linear.Int4Weight`) is `w = (q - 8) * scale + offset` over groups of
+32 with the same codes, so a Q4_0 block is `scale = d, offset = 0`, a Q4_1
+block `scale = d, offset = m + 8 d`, and a Q4_K sub-block `scale = d sc,
+offset = 8 d sc - dmin m` (`Int4Blocks`).
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ import torch
 from gguf import GGMLQuantizationType
 
 GROUP = 32
-INT4_BLOCK_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
-TORCH_DECODED = INT4_BLOCK_TYPES | {GGMLQuantizationType.Q8_0}
+INT4_BLOCK_TYPES = frozenset(
+    {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
+)
+# The types `int8_dot.pack_q4_rows` reads straight from the mapped file.
+ROW_PACKED_INT4 = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
+_Q4_K_BYTES = 144
 
 
 @attrs.frozen
@@ -90,10 +100,38 @@ def _blocks(data: np.ndarray, rows: int, size: int) -> torch.Tensor:
     return torch.from_numpy(np.array(data)).view(rows, -1, size)
 
 
+def _q4_k(data: np.ndarray, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K bytes as (codes uint8 `[rows, groups, 32]` in weight order, `d sc`
+    and `dmin m` float32 `[rows, groups]`), groups of 32 weights."""
+    raw = _blocks(data, rows, _Q4_K_BYTES)
+    d, dmin = _fp16(raw, 0), _fp16(raw, 2)
+    packed = raw[..., 4:16].to(torch.int32)
+    low, high, top = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    # ggml's get_scale_min_k4: sub-blocks 0-3 in the low six bits of the first
+    # eight bytes, 4-7 from the last four bytes and the first eight's top bits.
+    sc = torch.cat([low & 63, (top & 0xF) | ((low >> 6) << 4)], dim=-1).float()
+    m = torch.cat([high & 63, (top >> 4) | ((high >> 6) << 4)], dim=-1).float()
+    runs = raw[..., 16:].reshape(rows, raw.shape[1], 4, 32)
+    codes = torch.stack([runs & 0xF, runs >> 4], dim=3).reshape(rows, -1, GROUP)
+    return codes, (d[..., None] * sc).reshape(rows, -1), (dmin[..., None] * m).reshape(rows, -1)
+
+
+def q4_k_values(data: np.ndarray, rows: int) -> torch.Tensor:
+    """Q4_K bytes `data` (`rows` rows) as float32 `[rows, cols]`, computed as
+    ggml and gguf-py compute them (`d sc * q - dmin m`), so bit for bit theirs."""
+    codes, scale, minimum = _q4_k(data, rows)
+    return (scale[..., None] * codes.float() - minimum[..., None]).reshape(rows, -1)
+
+
 def int4_blocks(ggml_type: GGMLQuantizationType, data: np.ndarray, rows: int) -> Int4Blocks:
-    """The Q4_0 or Q4_1 bytes `data` (`rows` rows) as `Int4Blocks`, losslessly:
-    the same codes, the stored scales, and the Q4_1 offset `m + 8 d` in float32
-    (exact there unless the exponents of m and 8 d differ by more than 13)."""
+    """The Q4_0, Q4_1 or Q4_K bytes `data` (`rows` rows) as `Int4Blocks`,
+    losslessly: the same codes, the stored scales (Q4_K's `d sc`), and the
+    offset in float32 (Q4_1's `m + 8 d`, Q4_K's `8 d sc - dmin m`; exact unless
+    the exponents of their two terms differ by more than 13)."""
+    if ggml_type == GGMLQuantizationType.Q4_K:
+        codes, scale, minimum = _q4_k(data, rows)
+        nibbles = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)
+        return Int4Blocks(nibbles.reshape(rows, -1).contiguous(), scale, 8.0 * scale - minimum)
     if ggml_type == GGMLQuantizationType.Q4_0:
         raw = _blocks(data, rows, 18)
         d = _fp16(raw, 0)
@@ -105,7 +143,7 @@ def int4_blocks(ggml_type: GGMLQuantizationType, data: np.ndarray, rows: int) ->
         offsets = m + 8.0 * d
         nibbles = _nibbles(raw, 4)
     else:
-        raise ValueError(f"{ggml_type.name} is not a 4-bit block type of 32 weights")
+        raise ValueError(f"{ggml_type.name} is not a 4-bit block type")
     return Int4Blocks(nibbles, d, offsets)
 
 

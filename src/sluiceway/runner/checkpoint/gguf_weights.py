@@ -2,8 +2,8 @@
 
 `gguf_weights` maps each tensor the runner reads to a `GGUFTensor`, which
 dequantizes only the rows it is indexed for, into the model's dtype, undoing
-what llama.cpp's converter changed (`tensor_names`). `Int4Blocks` of a Q4_0 or
-Q4_1 tensor come out the same way, codes and scales as stored, for the layers
+what llama.cpp's converter changed (`tensor_names`). `Int4Blocks` of a Q4_0,
+Q4_1 or Q4_K tensor come out the same way, codes and scales as stored, for the layers
 served on int4 from the stored blocks (`stored_int4`).
 """
 
@@ -16,7 +16,12 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks, int4_blocks
+from sluiceway.runner.checkpoint.block_codes import (
+    INT4_BLOCK_TYPES,
+    ROW_PACKED_INT4,
+    Int4Blocks,
+    int4_blocks,
+)
 from sluiceway.runner.checkpoint.gguf_file import GGUFFile, StoredTensor
 from sluiceway.runner.checkpoint.lazy_tensor import LazyWeights, row_range
 from sluiceway.runner.checkpoint.progress import LoadProgress
@@ -70,7 +75,7 @@ class GGUFTensor:
 
     def int4_blocks(self, index: Any) -> Int4Blocks:
         """The stored codes, scales and offsets of the rows `index` selects (the
-        tensor must be Q4_0 or Q4_1)."""
+        tensor must be Q4_0, Q4_1 or Q4_K)."""
         if self.stored.ggml_type not in INT4_BLOCK_TYPES:
             raise ValueError(f"{self.stored.name} is {self.type_name}, not a 4-bit block type")
         first, last, rest = row_range(self.shape, index)
@@ -90,10 +95,10 @@ class GGUFTensor:
     def int4_rows(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
         """Where the rows `index` selects lie in the mapped file, in transformers'
         row order: `(addresses, kinds)`, int64 and uint8 (0 Q4_0, 1 Q4_1) per row,
-        for `int8_dot.pack_q4_rows`, which reads them while the file stays open.
-        `read(index)` once they are read."""
-        if self.stored.ggml_type not in INT4_BLOCK_TYPES:
-            raise ValueError(f"{self.stored.name} is {self.type_name}, not a 4-bit block type")
+        for `int8_dot.pack_q4_rows`, which reads them while the file stays open
+        (Q4_0 and Q4_1 only: `ROW_PACKED_INT4`). `read(index)` once they are read."""
+        if self.stored.ggml_type not in ROW_PACKED_INT4:
+            raise ValueError(f"{self.stored.name} is {self.type_name}, not Q4_0 or Q4_1")
         first, last, rest = row_range(self.shape, index)
         if rest and rest != (slice(None),):
             raise IndexError("4-bit blocks are read by whole rows")

@@ -1,14 +1,17 @@
 """Layers served on int4 from a GGUF's own 4-bit blocks.
 
-The runtime int4 format has Q4_0's and Q4_1's groups of 32 (`block_codes`), so
-a model whose layers are all stored in those types keeps the stored codes and
-scales: the runner builds each layer linear straight from its blocks
-(`StoredInt4`, which the layer builder asks first), packed into the int4
-kernels' layout one linear at a time, never as float values and never quantized
-again. In float32 the served weights are the stored ones bit for bit; in
-bfloat16 the scales (fp16 in the file) and Q4_1's offsets are rounded to
-bfloat16 as every int4 scale is, and the codes stay. The output head is int8,
-quantized from its values, as on the int4 path everywhere (`models.decoder`).
+The runtime int4 format has Q4_0's and Q4_1's groups of 32, and Q4_K's
+sub-blocks are groups of 32 too (`block_codes`), so a layer linear stored in
+those types keeps the stored codes and scales: the runner builds it straight
+from its blocks (`StoredInt4`, which the layer builder asks first), packed into
+the int4 kernels' layout one linear at a time, never as float values and never
+quantized again. The others (a Q4_K_M's Q6_K layers) are read as values and
+quantized as their stored bits say. In float32 the served weights are the
+stored ones bit for bit (up to the rounding of an offset that sums two terms);
+in bfloat16 the scales and offsets are rounded to bfloat16 as every int4
+scale is, and the codes stay. The output head is int8, quantized from its
+values, as on the int4 path everywhere (`models.decoder`), unless it is stored
+in 4-bit blocks itself.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks
+from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, ROW_PACKED_INT4, Int4Blocks
 from sluiceway.runner.linear import (
     INT4_GROUP_SIZE,
     Int4Weight,
@@ -57,25 +60,23 @@ def _linear_views(config, weights) -> Iterator[tuple[str, tuple[int, ...], list[
 
 
 def servable_from_blocks(config, weights) -> bool:
-    """Whether every layer linear of the checkpoint is stored in Q4_0/Q4_1 with
-    shapes the int4 format takes (input a multiple of 32, output of 16)."""
-    seen = False
+    """Whether some layer linear of the checkpoint is stored in Q4_0, Q4_1 or
+    Q4_K, every part of it, with shapes the int4 format takes (input a multiple
+    of 32, output of 16): then `StoredInt4` serves those."""
+    names = {t.name for t in INT4_BLOCK_TYPES}
     for _slot, _path, views in _linear_views(config, weights):
         if any(v is None for v in views):
-            return False
-        rows = 0
+            continue
+        rows, stored = 0, True
         for view in views:
             assert view is not None
             tensor = weights[view.name]
-            if getattr(tensor, "type_name", None) not in {t.name for t in INT4_BLOCK_TYPES}:
-                return False
-            if tensor.shape[-1] % INT4_GROUP_SIZE:
-                return False
+            stored &= getattr(tensor, "type_name", None) in names
+            stored &= not tensor.shape[-1] % INT4_GROUP_SIZE
             rows += (view.rows[1] - view.rows[0]) if view.rows else tensor.shape[-2]
-        if rows % 16:
-            return False
-        seen = True
-    return seen
+        if stored and not rows % 16:
+            return True
+    return False
 
 
 def _index(view: WeightView) -> tuple[Any, ...]:
@@ -125,7 +126,7 @@ def _tiles_packed(dtype: torch.dtype) -> bool:
 
 
 class StoredInt4:
-    """The layer linears a checkpoint stores in Q4_0/Q4_1, as int4 weights of
+    """The layer linears a checkpoint stores in Q4_0/Q4_1/Q4_K, as int4 weights of
     `dtype` packed from their blocks: called with a linear's canonical part names
     (`models.layer`'s, e.g. `layers.0.q.weight`, `layers.0.experts.3.down`), the
     fused parts' weight, or None where a part is not stored in 4-bit blocks."""
@@ -159,10 +160,13 @@ class StoredInt4:
 
     def _tiles(self, views: list[WeightView]) -> TiledWeight:
         """The tiles of the stacked views, read from the mapped file in one pass
-        where the kernel library is here (`int8_dot.pack_q4_rows`), else through
-        the blocks' codes."""
+        where the kernel library is here and they are Q4_0/Q4_1
+        (`int8_dot.pack_q4_rows`), else through the blocks' codes."""
         scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
-        if not int8_dot_kernel.available():
+        row_packed = {t.name for t in ROW_PACKED_INT4}
+        if not int8_dot_kernel.available() or any(
+            self._weights[v.name].type_name not in row_packed for v in views
+        ):
             blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in views])
             return pack_int4_nibble_tiles(
                 blocks.nibbles,

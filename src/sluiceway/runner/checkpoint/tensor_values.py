@@ -1,7 +1,8 @@
 """A stored GGUF tensor's values in a torch dtype, a few rows at a time.
 
-Float tensors are converted as stored; Q4_0/Q4_1/Q8_0 are decoded with torch
-(`block_codes`); every other block type with `gguf.quants.dequantize`, in
+Float tensors are converted as stored; Q4_0/Q4_1/Q4_K/Q8_0 are decoded with
+torch (`block_codes`; Q4_K bit for bit as gguf-py decodes it, many times
+faster); every other block type with `gguf.quants.dequantize`, in
 chunks of rows, so a tensor is never held in float32 whole beside its result.
 """
 
@@ -11,7 +12,12 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, int4_blocks, q8_0_values
+from sluiceway.runner.checkpoint.block_codes import (
+    INT4_BLOCK_TYPES,
+    int4_blocks,
+    q4_k_values,
+    q8_0_values,
+)
 from sluiceway.runner.checkpoint.errors import CheckpointError
 from sluiceway.runner.checkpoint.gguf_file import StoredTensor
 
@@ -59,6 +65,8 @@ def _decode(
         return torch.from_numpy(np.array(data).view(_FLOATS[kind]).reshape(rows, -1))
     if kind == GGMLQuantizationType.BF16:
         return torch.from_numpy(np.array(data).view(np.int16).reshape(rows, -1)).view(torch.bfloat16)
+    if kind == GGMLQuantizationType.Q4_K:
+        return q4_k_values(data, rows)
     if kind in INT4_BLOCK_TYPES:
         blocks = int4_blocks(kind, data, rows)
         return blocks.values()
