@@ -9,6 +9,12 @@ RepoNotFound, 404 RevisionNotFound / EntryNotFound, 401/403 GatedRepo, and a
 plain 401 for a token starting `hf_invalid` (the `X-Error-Code` header is what
 huggingface_hub maps to its exceptions).
 
+With `lfs_via_cdn`, a file is answered as the hub answers an LFS file: a 302
+to a signed URL on another host (a second server, the CDN, serving blobs by
+SHA-256 with byte ranges), with the blob's ETag and size in X-Linked-Etag and
+X-Linked-Size; the CDN refuses any request that carries an Authorization
+header, as a signed S3 URL does.
+
 Faults for the tests: `drop_once(repo, file, after)` cuts the connection after
 that many bytes of the file's first GET; `stall_once(repo, file, after)` sends
 that many and then nothing until the event it returns is set; `refuse_resumes` answers 500 to any
@@ -51,6 +57,9 @@ class StandInHub:
         self.repos: dict[str, StandInRepo] = {}
         self.requests: list[Request] = []
         self.refuse_resumes = False
+        self.lfs_via_cdn = False
+        self.cdn_url = ""
+        self._cdn: ThreadingHTTPServer | None = None
         self._drops: dict[tuple[str, str], int] = {}
         self._stalls: dict[tuple[str, str], tuple[int, threading.Event]] = {}
         self._released: list[threading.Event] = []
@@ -95,11 +104,18 @@ class StandInHub:
         class Handler(_Handler):
             stand_in = hub
 
+        class CdnHandler(_CdnHandler):
+            stand_in = hub
+
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
+        self._cdn = ThreadingHTTPServer(("127.0.0.1", 0), CdnHandler)
+        self._cdn.daemon_threads = True
+        self.cdn_url = f"http://127.0.0.1:{self._cdn.server_address[1]}"
+        threading.Thread(target=self._cdn.serve_forever, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -111,6 +127,10 @@ class StandInHub:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        if self._cdn is not None:
+            self._cdn.shutdown()
+            self._cdn.server_close()
+            self._cdn = None
         with self._lock:
             for connection in self._connections:
                 try:
@@ -212,10 +232,21 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None:
             self._error(404, "EntryNotFound", f"{name} does not exist")
             return
+        digest = hashlib.sha256(data).hexdigest()
+        if hub.lfs_via_cdn:
+            redirect = {
+                "Location": f"{hub.cdn_url}/blobs/{digest}?signature=stand-in",
+                "X-Repo-Commit": commit,
+                "X-Linked-Etag": f'"{digest}"',
+                "X-Linked-Size": str(len(data)),
+                "ETag": '"a-git-pointer"',
+            }
+            self._send(302, redirect, b"", body)
+            return
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Repo-Commit": commit,
-            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "ETag": f'"{digest}"',
             "Accept-Ranges": "bytes",
         }
         ranged = self.headers.get("Range")
@@ -257,6 +288,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             self.wfile.write(data)
+
+
+class _CdnHandler(_Handler):
+    """The CDN: `GET /blobs/{sha256}` of any file of any repository, with ranges;
+    a request with an Authorization header is a 400."""
+
+    def _answer(self, body: bool) -> None:
+        hub = self.stand_in
+        path = urlsplit(self.path).path
+        hub.requests.append(Request(self.command, "cdn:" + path, {k.lower(): v for k, v in self.headers.items()}))
+        if self.headers.get("Authorization") is not None:
+            self._error(400, None, "Only one auth mechanism allowed")
+            return
+        blobs = {
+            hashlib.sha256(data).hexdigest(): data
+            for repo in hub.repos.values()
+            for data in repo.files.values()
+        }
+        data = blobs.get(path.rpartition("/")[2])
+        if data is None:
+            self._error(404, None, "NoSuchKey")
+            return
+        headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+        ranged = self.headers.get("Range")
+        if ranged is not None and self.command == "GET":
+            start = int(ranged.removeprefix("bytes=").split("-")[0])
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            self._send(206, headers, data[start:], body)
+            return
+        self._send(200, headers, data, body)
 
 
 def _commit(repo: StandInRepo, revision: str) -> str | None:

@@ -407,3 +407,25 @@ def test_a_terminal_gets_a_progress_bar_per_file_and_a_log_a_line_per_file(hub, 
         assert f"fetching {name} ({size / 1024:.1f} KiB)" in in_a_log
     assert "%|" not in in_a_log
     assert re.search(r"fetched [\d.]+ KiB of org/tiny in [\d.]+ s", in_a_log)
+
+
+def test_an_lfs_file_comes_from_the_cdn_without_the_token(hub, hf_home):
+    """The hub sends an LFS file's bytes through a signed CDN URL on another host,
+    which refuses a token: the token goes to the hub, never to the CDN, also
+    when a start continues what an earlier one left."""
+    hub.add_repo("org/gated", dict(SERVED), gated_token="hf_cdn_token_0001")
+    hub.lfs_via_cdn = True
+    blobs = hf_home / "hub" / "models--org--gated" / "blobs"
+    blobs.mkdir(parents=True)
+    etag = hashlib.sha256(SHARD_1).hexdigest()
+    (blobs / f"{etag}.incomplete").write_bytes(SHARD_1[:1000])
+    resolved = resolve_model("org/gated", HubOptions(token="hf_cdn_token_0001"))
+    assert _files(Path(resolved.path)) == SERVED
+    cdn = [r for r in hub.requests if r.path.startswith("cdn:")]
+    assert cdn and all("authorization" not in r.headers for r in cdn)
+    shard = [r for r in cdn if r.method == "GET" and r.path.endswith(etag)]
+    assert [r.headers.get("range") for r in shard] == ["bytes=1000-"]
+    hub_side = [r for r in hub.requests if not r.path.startswith("cdn:") and "/resolve/" in r.path]
+    assert hub_side and all(
+        r.headers.get("authorization") == "Bearer hf_cdn_token_0001" for r in hub_side
+    )

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 log = logging.getLogger("sluiceway.hub.fetch")
 
@@ -64,13 +65,20 @@ def fetch_into_cache(
             kept = 0
         if kept:
             log.info("resuming %s of %s at byte %d of %s", name, repo_id, kept, metadata.size)
+        headers = build_hf_headers(token=token, library_name="sluiceway")
+        # As hf_hub_download: a file in Xet storage is fetched from its hub URL
+        # (which redirects), an LFS file from the signed CDN URL the hub sent,
+        # without the token, which that URL does not take.
+        source = url if metadata.xet_file_data is not None else metadata.location
+        if urlsplit(source).netloc != urlsplit(url).netloc:
+            headers.pop("authorization", None)
         # Unbuffered: what was received is on disk even if the process is killed.
         with open(partial, "ab", buffering=0) as out:
             file_download.http_get(
-                metadata.location,
+                source,
                 out,
                 resume_size=kept,
-                headers=build_hf_headers(token=token, library_name="sluiceway"),
+                headers=headers,
                 expected_size=metadata.size,
                 displayed_filename=name,
             )
