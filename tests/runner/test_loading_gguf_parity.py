@@ -378,3 +378,27 @@ def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(tmp_path, hf_
     gate = torch.from_numpy(_stored(path, "blk.1.ffn_gate.weight"))
     gate_up = layer.gate_up.quantized.values(torch.float32)
     torch.testing.assert_close(gate_up[: gate.shape[0]], gate, rtol=1e-6, atol=1e-7)
+
+
+def test_the_start_up_line_says_what_each_stored_type_became(tmp_path):
+    """The log line of stored types: 4-bit layers and embedding from their
+    blocks, the layers stored in more bits on int8 and what is fused with them."""
+    from sluiceway.runner.checkpoint.type_report import stored_types_report
+
+    model = _model("llama")
+    assert not model.config.tie_word_embeddings
+    path = tmp_path / "tiny-llama.mix.gguf"
+    write_gguf(model, path, Q.Q4_0, embedding_type=Q.Q4_0, linear_overrides={"ffn_down": Q.Q8_0})
+    loaded = load_model(str(path), dtype="bfloat16", progress=False)
+    line = stored_types_report(loaded, "int4", from_blocks=True)
+    assert line.startswith("stored ")
+    parts = set(line.removeprefix("stored ").split("; "))
+    layers = model.config.num_hidden_layers
+    assert parts == {
+        f"F32 norms, biases, routers ({2 * layers + 1}) -> bfloat16",
+        "Q4_0 embedding (1) -> its stored blocks, token rows read back in bfloat16",
+        "Q4_0 output head (1) -> int4 from the stored blocks",
+        f"Q4_0 layer linears ({6 * layers}) -> int4 from the stored blocks, int8 where fused "
+        "with a part stored in more bits",
+        f"Q8_0 layer linears ({layers}) -> int8 (dequantized, requantized), its stored bits kept",
+    }

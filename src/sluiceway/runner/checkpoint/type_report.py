@@ -60,8 +60,12 @@ def _served(kind: str, role: str, quantization: str | None, from_blocks: bool, d
         return path(quantization)
     head = "int8" if quantization == "int4" else quantization
     if role == "output head" and head is not None:
-        return path(head)
+        return path("int4" if quantization == "int4" and from_blocks and kind in _INT4_BLOCK_NAMES else head)
     if role == "embedding":
         tail = f", and the tied output head {path(head)}" if tied and head is not None else ""
+        if quantization == "int4" and from_blocks and kind in _INT4_BLOCK_NAMES:
+            # `models.decoder`: looked up in its blocks (and the tied head's int4).
+            tail = ", and the tied output head int4 from them" if tied else ""
+            return f"its stored blocks, token rows read back in {dtype}{tail}"
         return f"{dtype} (dequantized){tail}" if kind not in _FLOAT_NAMES else f"{dtype}{tail}"
     return dtype if kind in _FLOAT_NAMES else f"{dtype} (dequantized)"
