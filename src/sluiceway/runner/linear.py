@@ -139,6 +139,28 @@ def _mkldnn_packable(weight: torch.Tensor) -> bool:
     return False
 
 
+def _quantize_rows(
+    weight: torch.Tensor, row_absmax: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Int8Weight.quantize`'s codes and scales in torch (`int8_dot.quantize_rows`
+    computes the same in C where it can)."""
+    qs, all_scales = [], []
+    # A few thousand rows at a time: the float32 temporaries of a whole
+    # 128k-token output head are a gigabyte each. Rows are independent.
+    for start in range(0, weight.shape[0], _QUANTIZE_ROWS):
+        w = weight[start : start + _QUANTIZE_ROWS].to(torch.float32)
+        if row_absmax is None:
+            absmax = w.abs().amax(dim=1)
+        else:
+            absmax = row_absmax[start : start + _QUANTIZE_ROWS].to(torch.float32)
+        scales = _positive_in(weight.dtype, absmax / 127.0)
+        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
+        del w
+        qs.append(q.to(torch.int8))
+        all_scales.append(scales)
+    return torch.cat(qs), torch.cat(all_scales)
+
+
 def _positive_in(dtype: torch.dtype, scales: torch.Tensor) -> torch.Tensor:
     """`scales` in `dtype`, never zero there: an all-zero row or a constant group
     would otherwise divide 0 by 0 (1e-10 itself rounds to 0 in float16)."""
@@ -196,24 +218,13 @@ class Int8Weight:
         when `weight` holds only some of its columns (a tensor-parallel rank's
         row-parallel slice): each row is then scaled as the whole row is on one
         device, so the slices' partial products sum to that device's product."""
-        qs, all_scales, values = [], [], []
-        # A few thousand rows at a time: the float32 temporaries of a whole
-        # 128k-token output head are a gigabyte each. Rows are independent.
-        for start in range(0, weight.shape[0], _QUANTIZE_ROWS):
-            w = weight[start : start + _QUANTIZE_ROWS].to(torch.float32)
-            if row_absmax is None:
-                absmax = w.abs().amax(dim=1)
-            else:
-                absmax = row_absmax[start : start + _QUANTIZE_ROWS].to(torch.float32)
-            scales = _positive_in(weight.dtype, absmax / 127.0)
-            q = torch.round(w / scales.float()[:, None]).clamp(-127, 127)
-            del w
-            qs.append(q.to(torch.int8))
-            all_scales.append(scales)
-            if want_values:
-                values.append(q * scales.float()[:, None])
-        quantized = cls(q=torch.cat(qs), scales=torch.cat(all_scales))
-        return quantized, (torch.cat(values) if want_values else None)
+        native = int8_dot_kernel.quantize_rows(weight) if row_absmax is None else None
+        q, scales = native if native is not None else _quantize_rows(weight, row_absmax)
+        if not want_values:
+            return cls(q=q, scales=scales), None
+        values = q.to(torch.float32)
+        values *= scales.float()[:, None]
+        return cls(q=q, scales=scales), values
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         # Decode rows: the int8-activation kernel where the layer has its tiles,

@@ -844,3 +844,43 @@ int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows,
     }
     return 0;
 }
+
+/* Symmetric int8 per row, as `linear.Int8Weight.quantize` computes it in torch:
+ * each row's largest |w| / 127 rounded to the weight's type (`w_bf16`: bfloat16,
+ * else float32) and never below that type's smallest normal, then every weight
+ * divided by that scale in float32, rounded half to even and clamped to
+ * -127..127. `w` [rows, k]; `q` [rows, k]; `scales` [rows] in the weight's type.
+ * Rows run in parallel on torch's OpenMP pool. */
+void int8_dot_quantize_rows(const void *w, int w_bf16, int64_t rows, int64_t k, int8_t *q,
+                            void *scales, int num_threads) {
+    const float tiny = 1.17549435e-38f; /* FLT_MIN, also bfloat16's smallest normal */
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t *wb = (const uint16_t *)w + r * k;
+        const float *wf = (const float *)w + r * k;
+        float absmax = 0.0f;
+        if (w_bf16) {
+#pragma omp simd reduction(max : absmax)
+            for (int64_t j = 0; j < k; ++j) absmax = fmaxf(absmax, fabsf(bf16_to_float(wb[j])));
+        } else {
+#pragma omp simd reduction(max : absmax)
+            for (int64_t j = 0; j < k; ++j) absmax = fmaxf(absmax, fabsf(wf[j]));
+        }
+        float scale = absmax / 127.0f;
+        if (w_bf16) {
+            const uint16_t rounded = float_to_bf16(scale);
+            scale = bf16_to_float(rounded) < tiny ? tiny : bf16_to_float(rounded);
+            ((uint16_t *)scales)[r] = float_to_bf16(scale);
+        } else {
+            scale = scale < tiny ? tiny : scale;
+            ((float *)scales)[r] = scale;
+        }
+        int8_t *out = q + r * k;
+#pragma omp simd
+        for (int64_t j = 0; j < k; ++j) {
+            const float v = (w_bf16 ? bf16_to_float(wb[j]) : wf[j]) / scale;
+            const float c = nearbyintf(v);
+            out[j] = (int8_t)(c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c);
+        }
+    }
+}

@@ -38,6 +38,8 @@ def _lib():
     lib.int8_dot.restype = _N
     lib.int8_dot_quantize.argtypes = [_P, _N, _I, _I, _P, _P, _P, _N]
     lib.int8_dot_quantize.restype = None
+    lib.int8_dot_quantize_rows.argtypes = [_P, _N, _I, _I, _P, _P, _N]
+    lib.int8_dot_quantize_rows.restype = None
     lib.int8_dot_unpack.argtypes = [_N, _P, _I, _I, _N, _I, _I, _P, _N, _N, _N]
     lib.int8_dot_unpack.restype = _N
     lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N, _N]
@@ -170,6 +172,30 @@ def pack_q4_rows(
     return TiledWeight(
         data=data, bits=4, out_features=rows, in_features=in_features, scale_bytes=scale_bytes
     )
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`(q int8 [out, in], scales [out] in weight's dtype)` of a contiguous
+    bfloat16 or float32 CPU `weight`, exactly as `linear.Int8Weight.quantize`
+    computes them in torch (each row's |w| max / 127 rounded to the dtype, never
+    below its smallest normal; codes rounded half to even within -127..127), in
+    one pass on every thread; None where the library or the weight does not fit."""
+    if (
+        weight.dim() != 2
+        or weight.dtype not in (torch.bfloat16, torch.float32)
+        or weight.device.type != "cpu"
+        or not weight.is_contiguous()
+        or _lib() is None
+    ):
+        return None
+    rows, k = weight.shape
+    q = torch.empty((rows, k), dtype=torch.int8)
+    scales = torch.empty(rows, dtype=weight.dtype)
+    _lib().int8_dot_quantize_rows(
+        weight.data_ptr(), int(weight.dtype == torch.bfloat16), rows, k, q.data_ptr(),
+        scales.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return q, scales
 
 
 def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
