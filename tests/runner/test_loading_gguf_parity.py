@@ -205,7 +205,7 @@ def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
     assert (layer.o(x) - dense).norm() < 0.05 * dense.norm()
 
 
-@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1], ids=["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=["Q4_0", "Q4_1", "Q4_K"])
 def test_stored_blocks_pack_into_the_tiles_their_codes_give(tmp_path, kind, monkeypatch):
     """The one-pass packer (`int8_dot.pack_q4_rows`, reading the mapped file) and
     the packing of the decoded blocks' codes, scales and offsets give the same
@@ -214,7 +214,8 @@ def test_stored_blocks_pack_into_the_tiles_their_codes_give(tmp_path, kind, monk
     from sluiceway.runner.checkpoint import stored_int4
     from sluiceway.runner.native import int8_dot
 
-    model = _model("llama")
+    # Q4_K's blocks are 256 weights: rows of 256.
+    model = _model("llama", hidden_size=256, intermediate_size=256, head_dim=64)
     path = tmp_path / f"tiny-llama.{kind.name}.gguf"
     write_gguf(model, path, kind, embedding_type=kind)
 

@@ -24,11 +24,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 GROUP = 32
-INT4_BLOCK_TYPES = frozenset(
-    {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
-)
-# The types `int8_dot.pack_q4_rows` reads straight from the mapped file.
-ROW_PACKED_INT4 = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
+# The 4-bit types served as stored, by the kind number `int8_dot.pack_q4_rows`
+# takes for each when it reads their rows straight from the mapped file.
+ROW_PACKED_INT4 = {
+    GGMLQuantizationType.Q4_0: 0,
+    GGMLQuantizationType.Q4_1: 1,
+    GGMLQuantizationType.Q4_K: 2,
+}
+INT4_BLOCK_TYPES = frozenset(ROW_PACKED_INT4)
 _Q4_K_BYTES = 144
 
 

@@ -14,7 +14,6 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
 
 from sluiceway.runner.checkpoint.block_codes import (
     INT4_BLOCK_TYPES,
@@ -94,11 +93,11 @@ class GGUFTensor:
 
     def int4_rows(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
         """Where the rows `index` selects lie in the mapped file, in transformers'
-        row order: `(addresses, kinds)`, int64 and uint8 (0 Q4_0, 1 Q4_1) per row,
-        for `int8_dot.pack_q4_rows`, which reads them while the file stays open
-        (Q4_0 and Q4_1 only: `ROW_PACKED_INT4`). `read(index)` once they are read."""
+        row order: `(addresses, kinds)`, int64 and uint8 (0 Q4_0, 1 Q4_1, 2 Q4_K:
+        `ROW_PACKED_INT4`) per row, for `int8_dot.pack_q4_rows`, which reads them
+        while the file stays open. `read(index)` once they are read."""
         if self.stored.ggml_type not in ROW_PACKED_INT4:
-            raise ValueError(f"{self.stored.name} is {self.type_name}, not Q4_0 or Q4_1")
+            raise ValueError(f"{self.stored.name} is {self.type_name}, not a 4-bit block type")
         first, last, rest = row_range(self.shape, index)
         if rest and rest != (slice(None),):
             raise IndexError("4-bit blocks are read by whole rows")
@@ -108,7 +107,7 @@ class GGUFTensor:
         if self.transform in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
             order = np.asarray(unpermute_order(blocks.shape[0], self.heads), dtype=np.int64)
         addresses = base + order[first:last] * blocks.shape[1]
-        kind = int(self.stored.ggml_type == GGMLQuantizationType.Q4_1)
+        kind = ROW_PACKED_INT4[self.stored.ggml_type]
         return addresses, np.full(last - first, kind, dtype=np.uint8)
 
     def read(self, index: Any) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, ROW_PACKED_INT4, Int4Blocks
+from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks
 from sluiceway.runner.linear import (
     INT4_GROUP_SIZE,
     Int4Weight,
@@ -160,13 +160,10 @@ class StoredInt4:
 
     def _tiles(self, views: list[WeightView]) -> TiledWeight:
         """The tiles of the stacked views, read from the mapped file in one pass
-        where the kernel library is here and they are Q4_0/Q4_1
-        (`int8_dot.pack_q4_rows`), else through the blocks' codes."""
+        where the kernel library is here (`int8_dot.pack_q4_rows`), else through
+        the blocks' codes."""
         scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
-        row_packed = {t.name for t in ROW_PACKED_INT4}
-        if not int8_dot_kernel.available() or any(
-            self._weights[v.name].type_name not in row_packed for v in views
-        ):
+        if not int8_dot_kernel.available():
             blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in views])
             return pack_int4_nibble_tiles(
                 blocks.nibbles,

@@ -797,18 +797,42 @@ static inline void put_scale(uint8_t *p, int i, float value, int scale_bytes) {
     }
 }
 
+/* A Q4_K block's group g of 32 (0..7) as a tile piece's 16 code bytes (weight j
+ * in the low nibble of byte j, j + 16 in its high one), its scale d sc and its
+ * offset 8 d sc - dmin m, as `block_codes.int4_blocks` computes them: the
+ * group's codes are the low (even g) or high (odd g) nibbles of the block's
+ * 32-byte run g / 2, its 6-bit sc and m ggml's get_scale_min_k4. */
+static void q4_k_group(const uint8_t *block, int g, uint8_t *codes, float *scale, float *offset) {
+    uint16_t h;
+    memcpy(&h, block, 2);
+    const float d = half_to_float(h);
+    memcpy(&h, block + 2, 2);
+    const float dmin = half_to_float(h);
+    const uint8_t *packed = block + 4;
+    const int sc = g < 4 ? packed[g] & 63 : (packed[g + 4] & 0xF) | ((packed[g - 4] >> 6) << 4);
+    const int m = g < 4 ? packed[g + 4] & 63 : (packed[g + 4] >> 4) | ((packed[g] >> 6) << 4);
+    const uint8_t *run = block + 16 + 32 * (g / 2);
+    const int shift = 4 * (g & 1);
+    for (int j = 0; j < 16; ++j)
+        codes[j] = (uint8_t)(((run[j] >> shift) & 0xF) | (((run[j + 16] >> shift) & 0xF) << 4));
+    *scale = d * (float)sc;
+    const float minimum = dmin * (float)m;
+    *offset = 8.0f * *scale - minimum;
+}
+
 /* The int4 tiles (`pack_int4_tiles`' layout) of `rows` rows of k weights, row r
  * stored at address rows_at[r] as GGUF blocks of type kinds[r] (0: Q4_0, 18 bytes a
- * block, w = (q - 8) d; 1: Q4_1, 20 bytes, w = q d + m). Each tile piece takes the
- * block's code bytes as they are; the scale is d and the offset 0 (Q4_0) or
- * m + 8 d in float32 (Q4_1), rounded to bfloat16 (scale_bytes 2) or kept in
- * float32 (4). Rows past the last of a tile are zeros. Returns 0, or 1 for
- * arguments it does not take. Runs to completion once called. */
+ * block of 32, w = (q - 8) d; 1: Q4_1, 20 bytes, w = q d + m; 2: Q4_K, 144 bytes a
+ * block of 256, k a multiple of 256: `q4_k_group`). Each tile piece takes a
+ * group's codes as they are; the scale is d and the offset 0 (Q4_0) or m + 8 d in
+ * float32 (Q4_1), rounded to bfloat16 (scale_bytes 2) or kept in float32 (4).
+ * Rows past the last of a tile are zeros. Returns 0, or 1 for arguments it does
+ * not take. Runs to completion once called. */
 int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows, int64_t k,
                      int scale_bytes, uint8_t *out, int num_threads) {
     if (rows < 1 || k < BLOCK || k % BLOCK || (scale_bytes != 2 && scale_bytes != 4)) return 1;
     for (int64_t r = 0; r < rows; ++r)
-        if (kinds[r] > 1 || rows_at[r] == 0) return 1;
+        if (kinds[r] > 2 || rows_at[r] == 0 || (kinds[r] == 2 && k % 256)) return 1;
     const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = groups * stride;
 #pragma omp parallel num_threads(num_threads)
@@ -821,6 +845,18 @@ int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows,
             const int valid = rows - t * TILE < TILE ? (int)(rows - t * TILE) : TILE;
             for (int r = 0; r < valid; ++r) {
                 const uint8_t *row = (const uint8_t *)(intptr_t)rows_at[t * TILE + r];
+                if (kinds[t * TILE + r] == 2) {
+                    for (int64_t g = 0; g < groups; ++g) {
+                        uint8_t codes[16];
+                        float scale, offset;
+                        q4_k_group(row + (g / 8) * 144, (int)(g % 8), codes, &scale, &offset);
+                        uint8_t *piece = tile + g * stride;
+                        for (int s = 0; s < 4; ++s) memcpy(piece + 64 * s + 4 * r, codes + 4 * s, 4);
+                        put_scale(piece + 256, r, scale, scale_bytes);
+                        put_scale(piece + 256 + 16 * scale_bytes, r, offset, scale_bytes);
+                    }
+                    continue;
+                }
                 const int q4_1 = kinds[t * TILE + r];
                 const int64_t block_bytes = q4_1 ? 20 : 18;
                 for (int64_t g = 0; g < groups; ++g) {

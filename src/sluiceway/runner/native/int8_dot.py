@@ -152,11 +152,12 @@ def pack_int4_nibble_tiles(
 def pack_q4_rows(
     rows_at: np.ndarray, kinds: np.ndarray, in_features: int, scale_dtype: torch.dtype
 ) -> TiledWeight:
-    """The tiles of rows stored as GGUF Q4_0/Q4_1 blocks, read where they lie: row r
-    at address `rows_at[r]` (int64, in a mapping kept alive by the caller) of type
-    `kinds[r]` (0 Q4_0, 1 Q4_1). The same tiles as `pack_int4_nibble_tiles` of
-    those blocks' codes, scales `d` and offsets (0, or `m + 8 d` in float32), in
-    one pass and on every thread. Needs the library (`available`)."""
+    """The tiles of rows stored as GGUF Q4_0/Q4_1/Q4_K blocks, read where they lie:
+    row r at address `rows_at[r]` (int64, in a mapping kept alive by the caller)
+    of type `kinds[r]` (0 Q4_0, 1 Q4_1, 2 Q4_K). The same tiles as
+    `pack_int4_nibble_tiles` of those blocks' codes, scales and offsets
+    (`block_codes.int4_blocks`), in one pass and on every thread. Needs the
+    library (`available`)."""
     rows_at = np.ascontiguousarray(rows_at, dtype=np.int64)
     kinds = np.ascontiguousarray(kinds, dtype=np.uint8)
     rows = rows_at.shape[0]
