@@ -49,3 +49,16 @@ def test_quantize_takes_the_c_path_and_its_values_are_the_codes_times_the_scales
     # A slice of a row-parallel weight keeps torch's path with the whole rows' maxima.
     sliced, _ = Int8Weight.quantize(w[:, :48].contiguous(), w.abs().amax(dim=1), want_values=False)
     assert torch.equal(sliced.scales, want_scales)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(1, 32), (17, 100), (64, 576)])
+def test_int8_tiles_packed_in_c_are_torchs_bytes(rows, cols, monkeypatch):
+    """`pack_int8_tiles` in one C pass and through torch's permutes: the same
+    bytes, padding rows and columns included."""
+    gen = torch.Generator().manual_seed(rows + cols)
+    q = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen)
+    scales = torch.rand(rows, generator=gen).to(torch.bfloat16)
+    fast = int8_dot.pack_int8_tiles(q, scales)
+    monkeypatch.setattr(int8_dot, "_lib", lambda: None)
+    through_torch = int8_dot.pack_int8_tiles(q, scales)
+    assert torch.equal(fast.data, through_torch.data)

@@ -920,3 +920,33 @@ void int8_dot_quantize_rows(const void *w, int w_bf16, int64_t rows, int64_t k, 
         }
     }
 }
+
+/* `pack_int8_tiles`' layout of the int8 weight q [rows, k] (-127..127) with row
+ * scales `scales` [rows] (float32): per tile of 16 rows, for each block of 32
+ * inputs its 8 pieces of 4 bytes, each piece the 16 rows' bytes q + 128, then the
+ * tile's 16 scales; inputs past k are the unsigned 128 (zero), rows past the last
+ * are 128 with scale 0. `out` holds int8_tile_bytes(k) a tile. */
+void int8_dot_pack_int8(const int8_t *q, const float *scales, int64_t rows, int64_t k,
+                        uint8_t *out, int num_threads) {
+    const int64_t blocks = (k + BLOCK - 1) / BLOCK, tile_bytes = int8_tile_bytes(k);
+    const int64_t tiles = (rows + TILE - 1) / TILE;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (tiles > 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+        uint8_t *tile = out + t * tile_bytes;
+        memset(tile, 128, (size_t)(blocks * 512));
+        float *tile_scales = (float *)(tile + blocks * 512);
+        for (int r = 0; r < TILE; ++r) {
+            const int64_t row = t * TILE + r;
+            if (row >= rows) {
+                tile_scales[r] = 0.0f;
+                continue;
+            }
+            tile_scales[r] = scales[row];
+            const int8_t *src = q + row * k;
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t b = j / BLOCK, p = (j % BLOCK) / 4;
+                tile[((b * 8 + p) * TILE + r) * 4 + j % 4] = (uint8_t)(src[j] + 128);
+            }
+        }
+    }
+}

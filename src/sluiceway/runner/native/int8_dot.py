@@ -40,6 +40,8 @@ def _lib():
     lib.int8_dot_quantize.restype = None
     lib.int8_dot_quantize_rows.argtypes = [_P, _N, _I, _I, _P, _P, _N]
     lib.int8_dot_quantize_rows.restype = None
+    lib.int8_dot_pack_int8.argtypes = [_P, _P, _I, _I, _P, _N]
+    lib.int8_dot_pack_int8.restype = None
     lib.int8_dot_unpack.argtypes = [_N, _P, _I, _I, _N, _I, _I, _P, _N, _N, _N]
     lib.int8_dot_unpack.restype = _N
     lib.int8_dot_unpack_rows.argtypes = [_N, _P, _I, _I, _N, _P, _I, _P, _N, _N, _N]
@@ -205,6 +207,16 @@ def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
     out_features, in_features = q.shape
     tiles = -(-out_features // TILE)
     blocks = -(-in_features // BLOCK)
+    if _lib() is not None and q.is_contiguous():  # the same bytes in one pass
+        data = torch.empty((tiles, blocks * 512 + 4 * TILE), dtype=torch.uint8)
+        row_scales = scales.to(torch.float32).contiguous()
+        _lib().int8_dot_pack_int8(
+            q.data_ptr(), row_scales.data_ptr(), out_features, in_features, data.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return TiledWeight(
+            data=data, bits=8, out_features=out_features, in_features=in_features, scale_bytes=4
+        )
     biased = (q.to(torch.int16) + 128).to(torch.uint8)
     if in_features % BLOCK:  # zero columns: the unsigned 128
         pad = torch.full((out_features, blocks * BLOCK - in_features), 128, dtype=torch.uint8)
