@@ -108,6 +108,9 @@ class DecoderModel:
                 quantized_max_rows=head_max_rows,
                 dense_copy=dense_copies,
             )
+            # The head's values (a gigabyte at 128k tokens by 4096 in bfloat16)
+            # are the quantized head's now: not held while the layers load.
+            del head
         self.layers = [
             layer_weights(self.architecture, w, i, quantization)
             for i in range(self.shape.num_layers)
