@@ -39,7 +39,7 @@ from sluiceway.hub.files import (
     shards_of,
 )
 from sluiceway.hub.model_id import HubModelId
-from sluiceway.hub.partial_file import PartialFileError, fetch_into_cache
+from sluiceway.hub.partial_file import PartialFileError, fetch_into_cache, repo_folder
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -273,7 +273,7 @@ def _fetch_whole(repo_id: str, name: str, commit: str, cache: Path, token: str |
 def _from_cache(model: HubModelId, revision: str, *, reason: str, adapter: bool) -> Path:
     """`model` served from the hub cache alone. HubError naming what is missing."""
     cache = hub_cache_dir()
-    storage = cache / ("models--" + model.repo_id.replace("/", "--"))
+    storage = repo_folder(cache, model.repo_id)
     commit: str | None = revision if _COMMIT.match(revision) else None
     ref = storage / "refs" / revision
     if commit is None and ref.is_file():
@@ -309,7 +309,7 @@ def _from_cache(model: HubModelId, revision: str, *, reason: str, adapter: bool)
 
 
 def _snapshot(repo_id: str, commit: str) -> Path:
-    return hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+    return repo_folder(hub_cache_dir(), repo_id) / "snapshots" / commit
 
 
 def _remember_revision(repo_id: str, revision: str, commit: str) -> None:
@@ -317,7 +317,7 @@ def _remember_revision(repo_id: str, revision: str, commit: str) -> None:
     cache layout does (`refs/<revision>`), so that offline starts find it."""
     if _COMMIT.match(revision):
         return
-    ref = hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "refs" / revision
+    ref = repo_folder(hub_cache_dir(), repo_id) / "refs" / revision
     try:
         if ref.is_file() and ref.read_text() == commit:
             return

@@ -31,6 +31,14 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _READ = 1 << 22
 
 
+def repo_folder(cache: Path, repo_id: str) -> Path:
+    """The folder of model `repo_id` in the hub cache, named as huggingface_hub
+    names it (`models--ORG--NAME`)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
 class PartialFileError(Exception):
     """The bytes of a continued download are not the file's: the partial file
     is gone, and the next attempt fetches the file whole."""
@@ -50,7 +58,7 @@ def fetch_into_cache(
     metadata = get_hf_file_metadata(url, token=token, endpoint=endpoint, library_name="sluiceway")
     if metadata.etag is None or metadata.location is None:
         raise OSError(f"the hub sent no ETag or location for {name}")
-    folder = cache / ("models--" + repo_id.replace("/", "--"))
+    folder = repo_folder(cache, repo_id)
     blob = folder / "blobs" / metadata.etag
     partial = blob.with_name(blob.name + ".incomplete")
     lock = cache / ".locks" / folder.name / f"{metadata.etag}.lock"
