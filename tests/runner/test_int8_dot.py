@@ -32,12 +32,25 @@ def _reference_quantize(x: torch.Tensor):
 
 
 def _int4(out_features: int, in_features: int, scale_dtype: torch.dtype, seed: int):
+    """Codes, scales and offsets in `scale_dtype`; float16 (`SCALES_F16`, GGUF's
+    Q4_0) has zero offsets."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (out_features, in_features), generator=gen)
     groups = in_features // 32
     scales = (torch.rand(out_features, groups, generator=gen) * 0.1 + 1e-3).to(scale_dtype)
     offsets = (torch.randn(out_features, groups, generator=gen) * 0.05).to(scale_dtype)
+    if scale_dtype == torch.float16:
+        offsets = torch.zeros_like(offsets)
     return q, scales, offsets
+
+
+def _pack_int4(q, scales, offsets, scale_dtype) -> kernel.TiledWeight:
+    """`pack_int4_tiles`, float16 scales without their (zero) offsets."""
+    held = None if scale_dtype == torch.float16 else offsets
+    return kernel.pack_int4_tiles(q, scales, held, scale_dtype)
+
+
+SCALE_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
 def _int8(out_features: int, in_features: int, seed: int):
@@ -117,12 +130,12 @@ def test_quantized_activations_follow_the_formula(dtype):
 
 
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale_dtype", SCALE_DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])
 def test_int4_is_the_integer_arithmetic_it_promises(level, scale_dtype, rows):
     # 40 outputs: two whole tiles of 16 and a part of one.
     q, scales, offsets = _int4(40, 96, scale_dtype, seed=rows)
-    packed = kernel.pack_int4_tiles(q, scales, offsets, scale_dtype)
+    packed = _pack_int4(q, scales, offsets, scale_dtype)
     for dtype in (torch.float32, torch.bfloat16):
         x = _rows(rows, 96, dtype, seed=10 + rows)
         exact, magnitude = _int4_exact(x, q, scales, offsets)
@@ -193,6 +206,11 @@ def test_refuses_what_it_does_not_take():
         kernel.pack_int4_tiles(
             torch.zeros(16, 48, dtype=torch.int64), scales[:, :1], offsets[:, :1], torch.bfloat16
         )
+    q16 = torch.zeros(16, 64, dtype=torch.int64)
+    with pytest.raises(ValueError, match="offsets"):  # float16 scales hold no offsets
+        kernel.pack_int4_tiles(q16, scales.half(), offsets.half(), torch.float16)
+    with pytest.raises(ValueError, match="offsets"):  # bfloat16 ones need theirs
+        kernel.pack_int4_tiles(q16, scales, None, torch.bfloat16)
 
 
 def test_the_environment_caps_the_level(monkeypatch):
@@ -215,7 +233,7 @@ def test_the_environment_caps_the_level(monkeypatch):
 def _reference_int4_tiles(q, scales, offsets, scale_dtype) -> torch.Tensor:
     """The tile layout `int8_dot.c` documents, built code by code: per tile and
     group, piece s byte 4r + j = q[r, 32g + 4s + j] | q[r, 32g + 16 + 4s + j] << 4,
-    then the 16 rows' scales and offsets."""
+    then the 16 rows' scales and offsets (float16: the scales only)."""
     rows, cols = q.shape
     tiles, groups = -(-rows // 16), cols // 32
     padded = torch.zeros(tiles * 16, cols, dtype=torch.int64)
@@ -232,7 +250,8 @@ def _reference_int4_tiles(q, scales, offsets, scale_dtype) -> torch.Tensor:
                         high = int(padded[16 * t + r, 32 * g + 16 + 4 * s + j])
                         block[64 * s + 4 * r + j] = low | high << 4
             values = []
-            for part in (scales, offsets):
+            held = (scales,) if scale_dtype == torch.float16 else (scales, offsets)
+            for part in held:
                 column = torch.zeros(16, dtype=scale_dtype)
                 column[: min(16, rows - 16 * t)] = part[16 * t : 16 * t + 16, g].to(scale_dtype)
                 values.append(column.view(torch.uint8))
@@ -241,7 +260,7 @@ def _reference_int4_tiles(q, scales, offsets, scale_dtype) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale_dtype", SCALE_DTYPES)
 def test_int4_tiles_are_the_documented_layout_from_codes_or_stored_nibbles(scale_dtype):
     """Tiles packed from codes, and from GGUF's Q4_0/Q4_1 code bytes (code j low,
     code j + 16 high: moved, not unpacked), are the layout `int8_dot.c` reads,
@@ -250,7 +269,9 @@ def test_int4_tiles_are_the_documented_layout_from_codes_or_stored_nibbles(scale
     want = _reference_int4_tiles(q, scales, offsets, scale_dtype)
     grouped = q.to(torch.uint8).view(20, 2, 32)
     nibbles = (grouped[..., :16] | (grouped[..., 16:] << 4)).view(20, 32)
-    from_nibbles = kernel.pack_int4_nibble_tiles(nibbles, scales, offsets, scale_dtype)
+    held = None if scale_dtype == torch.float16 else offsets
+    from_nibbles = kernel.pack_int4_nibble_tiles(nibbles, scales, held, scale_dtype)
     assert torch.equal(from_nibbles.data, want)
-    assert torch.equal(kernel.pack_int4_tiles(q, scales, offsets, scale_dtype).data, want)
+    assert torch.equal(_pack_int4(q, scales, offsets, scale_dtype).data, want)
+    assert want.shape[1] == 2 * kernel.int4_group_bytes(from_nibbles.scale_format)
     assert (from_nibbles.out_features, from_nibbles.in_features) == (20, 64)

@@ -138,17 +138,13 @@ def test_a_4bit_embedding_and_head_are_served_as_stored(
         assert head.tiled is runner_model.embed_rows
     embedding = torch.from_numpy(_stored(path, "token_embd.weight"))
     ids = torch.tensor([0, 5, VOCAB_SIZE - 1, 5])
-    # float32 holds the stored values exactly; bfloat16 rounds the fp16 scales
-    # first, as every int4 weight there does, then the values.
+    # Q4_0 keeps its float16 scales in either dtype: the stored values exactly,
+    # rounded once where token rows are read back in bfloat16.
     got = runner_model.embed_tokens(ids)
-    if dtype == "float32":
-        assert torch.equal(got, embedding[ids])
-    else:
-        assert got.dtype == torch.bfloat16
-        torch.testing.assert_close(got.float(), embedding[ids], rtol=2**-7, atol=2**-7)
+    assert got.dtype == getattr(torch, dtype)
+    assert torch.equal(got, embedding[ids].to(got.dtype))
     output = embedding if tied else torch.from_numpy(_stored(path, "output.weight"))
-    if dtype == "float32":
-        assert torch.equal(head.values(torch.float32), output)
+    assert torch.equal(head.values(torch.float32), output)
     if dtype == "float32":
         # float32's int4 kernels multiply by the stored values in float32: the
         # greedy tokens of a float32 model holding the same values.
@@ -203,6 +199,35 @@ def test_int4_layers_keep_the_stored_codes_and_scales(tmp_path, kind):
     x = torch.randn(4, layer.o.in_features)
     dense = x @ o.T
     assert (layer.o(x) - dense).norm() < 0.05 * dense.norm()
+
+
+def test_q4_0_layers_keep_the_files_scales_and_size_in_bfloat16(tmp_path):
+    """In a bfloat16 model too, Q4_0 layers are served as the file holds them:
+    each group's codes and float16 d, no offsets (`SCALES_F16`), so the values
+    are the stored ones exactly and the tiles are the file's 18 bytes per 32
+    weights (bfloat16 scales and zero offsets would round d and take 20)."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.native import int8_dot
+
+    if not int8_dot.integer_level():
+        pytest.skip("bfloat16 int4 layers are tiles only where int8_dot runs in integers")
+    model = _model("llama")
+    path = tmp_path / "tiny-llama.Q4_0.gguf"
+    write_gguf(model, path, Q.Q4_0)
+    bundle = load_bundle(
+        ModelConfig(model=str(path), dtype="bfloat16", quantization="int4"),
+        EngineConfig(num_kv_blocks=16),
+        progress=False,
+    )
+    layer = bundle.runner.model.layers[1]
+    o = layer.o.quantized
+    assert o.tiled is not None and o.tiled.scale_format == int8_dot.SCALES_F16
+    assert o.tiled.nbytes == layer.o.out_features * layer.o.in_features // 32 * 18
+    assert torch.equal(o.values(torch.float32), torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+    q = _unpermute(_stored(path, "blk.1.attn_q.weight"), model.config.num_attention_heads)
+    qkv = layer.qkv.quantized.values(torch.float32)
+    assert torch.equal(qkv[: q.shape[0]], torch.from_numpy(q))
 
 
 @pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=["Q4_0", "Q4_1", "Q4_K"])

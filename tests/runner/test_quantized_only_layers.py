@@ -38,18 +38,22 @@ def _stored_bytes(quantized: Int4Weight | Int8Weight) -> int:
     return total + (quantized.tiled.nbytes if quantized.tiled is not None else 0)
 
 
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_unpacked_int4_tiles_are_their_values(scale_dtype):
     """`int8_dot.unpack` gives `(q - 8) * scale + offset` computed in float32,
-    rounded once to the dtype asked for, bit for bit: whole, and a run of tiles."""
+    rounded once to the dtype asked for, bit for bit: whole, and a run of tiles.
+    float16 scales (GGUF's Q4_0) hold no offsets: `(q - 8) * scale`."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randint(0, 16, (40, 96), generator=gen)
     scales = (torch.rand(40, 3, generator=gen) * 0.1 + 1e-3).to(scale_dtype).float()
     offsets = (torch.randn(40, 3, generator=gen) * 0.05).to(scale_dtype).float()
+    if scale_dtype == torch.float16:
+        offsets = torch.zeros_like(offsets)
     values = ((q.float().view(40, 3, 32) - 8.0) * scales[..., None] + offsets[..., None]).view(
         40, 96
     )
-    tiled = kernel.pack_int4_tiles(q, scales, offsets, scale_dtype)
+    held = None if scale_dtype == torch.float16 else offsets
+    tiled = kernel.pack_int4_tiles(q, scales, held, scale_dtype)
     for dtype in (torch.bfloat16, torch.float32):
         for level in range(kernel.best_level() + 1):  # AVX512's own path, and C's
             got = kernel.unpack(tiled, dtype, level_cap=level)

@@ -9,7 +9,9 @@ quantized again. The others (a Q4_K_M's Q6_K layers) are read as values and
 quantized as their stored bits say. In float32 the served weights are the
 stored ones bit for bit (up to the rounding of an offset that sums two terms);
 in bfloat16 the scales and offsets are rounded to bfloat16 as every int4
-scale is, and the codes stay. The output head is int8, quantized from its
+scale is, and the codes stay, except for linears stored all in Q4_0, which keep
+its float16 scales and no offsets in either dtype: the file's values and bytes.
+The output head is int8, quantized from its
 values, as on the int4 path everywhere (`models.decoder`), unless it is stored
 in 4-bit blocks itself.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from sluiceway.runner.checkpoint.block_codes import INT4_BLOCK_TYPES, Int4Blocks
 from sluiceway.runner.linear import (
@@ -37,6 +40,8 @@ from sluiceway.runner.native.quantized_matmul_f32 import (
     quantized_matmul_f32_available,
 )
 from sluiceway.runner.native.quantized_matvec import int4_matvec_available, pack_int4
+
+Q4_0 = GGMLQuantizationType.Q4_0
 
 _LINEAR_PARTS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}
 
@@ -153,22 +158,29 @@ class StoredInt4:
     def rows(self, name: str) -> TiledWeight | None:
         """Weight `name` (the embedding) in `int8_dot`'s tiles, for reading rows
         back (`int8_dot.unpack_rows`) rather than for products: packed whatever
-        kernels serve `dtype`, the scales and offsets in `dtype`. None where it is
-        not stored in 4-bit blocks."""
+        kernels serve `dtype`, as `_tiles` packs them. None where it is not stored
+        in 4-bit blocks."""
         views = self._stored_views([name])
         return None if views is None else self._tiles(views)
 
     def _tiles(self, views: list[WeightView]) -> TiledWeight:
         """The tiles of the stacked views, read from the mapped file in one pass
         where the kernel library is here (`int8_dot.pack_q4_rows`), else through
-        the blocks' codes."""
-        scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
+        the blocks' codes. Rows all in Q4_0 keep its float16 scales and no offsets
+        (`SCALES_F16`): the stored weights exactly, in the file's bytes. Others get
+        a scale and an offset per group in the model's dtype (float32 for
+        float32 models, exact; bfloat16 rounds a K-quant's scales)."""
+        as_stored = all(self._weights[v.name].type_name == Q4_0.name for v in views)
+        if as_stored:
+            scale_dtype = torch.float16
+        else:
+            scale_dtype = torch.bfloat16 if self._dtype == torch.bfloat16 else torch.float32
         if not int8_dot_kernel.available():
             blocks = Int4Blocks.stacked([_blocks(self._weights, v) for v in views])
             return pack_int4_nibble_tiles(
                 blocks.nibbles,
-                blocks.scales.to(self._dtype).float(),
-                blocks.offsets.to(self._dtype).float(),
+                blocks.scales.to(scale_dtype).float(),
+                None if as_stored else blocks.offsets.to(scale_dtype).float(),
                 scale_dtype,
             )
         located = [self._weights[v.name].int4_rows(_index(v)) for v in views]

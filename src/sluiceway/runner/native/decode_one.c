@@ -24,8 +24,9 @@
 
 /* The pointers of one layer, in this order, as int64 (see `decode_one.py`). Each
  * projection has its weight, its int8 row scales (0 for int4 and for tiles), its
- * bias (0 for none) and its bits: 4 or 8, plus TILED for int8_dot.c's tiles. A
- * layer may mix them: a GGUF keeps some projections at more bits than others. */
+ * bias (0 for none) and its bits: 4 or 8, plus TILED for int8_dot.c's tiles, whose
+ * int4 scale format (SCALES_) is that word shifted left by 8. A layer may mix
+ * them: a GGUF keeps some projections at more bits than others. */
 /* Set in a projection's bits when it is int8_dot.c's tiles. */
 #define TILED 16
 

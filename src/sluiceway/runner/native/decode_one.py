@@ -52,17 +52,15 @@ def _int8_kernel_takes(dtype: torch.dtype, in_features: int) -> bool:
 def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None] | None:
     """`(bits, weight, int8 row scales or None)` of a projection the C step takes, in
     a bfloat16 or float32 model: int4 or int8 in `int8_dot`'s tiles (`bits` with
-    TILED set), int4 with its dtype's native packing, or int8 with scales of its
+    TILED set and the tiles' scale format above its low byte), int4 with its
+    dtype's native packing, or int8 with scales of its
     dtype over whole groups of 32 inputs; None for anything else."""
     quantized = linear.quantized
     if linear.dtype not in _SUFFIXES:
         return None
     tiled = getattr(quantized, "tiled", None)
     if tiled is not None:
-        # The C step reads int4 scales as the model's dtype.
-        if tiled.bits == 4 and tiled.scale_bytes != linear.dtype.itemsize:
-            return None
-        return tiled.bits | TILED, tiled.data, None
+        return tiled.bits | TILED | tiled.scale_format << 8, tiled.data, None
     if isinstance(quantized, Int4Weight) and quantized.native is not None:
         return 4, quantized.native, None
     if (

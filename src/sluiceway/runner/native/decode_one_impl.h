@@ -15,11 +15,11 @@ static void NAME(add_bias)(T *y, const T *bias, int64_t n) {
 static int NAME(matvec)(const T *x, int64_t in, const int64_t *layer, int which,
                         int64_t out, T *y, int level, int num_threads) {
     const int is_bf16 = sizeof(T) == 2;
-    const int bits = (int)layer[which + 3];
+    const int bits = (int)layer[which + 3] & 0xff, scale_format = (int)layer[which + 3] >> 8;
     if ((bits & ~TILED) != 4 && (bits & ~TILED) != 8) return 1;
     const int status =
         bits & TILED ? int8_dot(bits & ~TILED, x, is_bf16, 1, in,
-                                (const uint8_t *)(intptr_t)layer[which], out, (int)sizeof(T), y,
+                                (const uint8_t *)(intptr_t)layer[which], out, scale_format, y,
                                 is_bf16, level, num_threads)
         : bits == 4 ? INT4_MATVEC(x, in, (const uint8_t *)(intptr_t)layer[which], out, y,
                                 num_threads)
@@ -31,8 +31,8 @@ static int NAME(matvec)(const T *x, int64_t in, const int64_t *layer, int which,
 
 /* `hidden` [hidden_size]: the token's embedding in, the residual stream after the
  * last layer out (before the final norm). `layers` [num_layers, POINTERS_PER_LAYER],
- * each projection with its bits (int8_dot's tiles, int4 ones with scales of type T,
- * run at ISA `level`).
+ * each projection with its bits (int8_dot's tiles with their scale format, run at
+ * ISA `level`, or int4 ones with scales of type T).
  * `cos`, `sin` [head_dim] (sin's first half negated); `slot` where this token's k/v
  * go; `table` [max_blocks] and `seq_len` its context after this token. Returns 0, 1
  * for shapes the kernels do not take, 2 when memory ran out, 3 for a slot outside

@@ -22,8 +22,14 @@
  * `Int4Weight`'s values):
  *   256 bytes  piece s = 0..3 is 64 bytes; byte 4r + j holds q[r, 32g + 4s + j] in
  *              its low nibble and q[r, 32g + 16 + 4s + j] in its high one
- *   scales     16 values (row r's scale of group g), bfloat16 or float32
- *   offsets    16 values, the same type
+ *   scales     16 values (row r's scale of group g)
+ *   offsets    16 values, the same type; none in SCALES_F16
+ * The scale format: SCALES_BF16 (2) or SCALES_F32 (4), scales and offsets in
+ * bfloat16 or float32 (the number is the bytes of each); SCALES_F16 (1), float16
+ * scales and every offset zero: GGUF's Q4_0 as stored (its d and codes), 18 bytes
+ * per row and group like the file, where bfloat16 scales and zero offsets took 20
+ * and rounded d. A decode step reads every weight byte once, so those 2 bytes are
+ * a tenth of a Q4_0 model's step.
  * Group g of row r adds scale * dx * (sum (q - 8) * xq) + offset * dx * sum xq, the
  * integer sums exact, with dx the activations' block scale.
  * int8, per tile (w = q * scale[o], `Int8Weight`'s values, the input padded with
@@ -70,8 +76,19 @@ int int8_dot_best_level(void) {
     return LEVEL_SCALAR;
 }
 
+enum { SCALES_F16 = 1, SCALES_BF16 = 2, SCALES_F32 = 4 };
+
+static int int4_format_known(int scale_format) {
+    return scale_format == SCALES_F16 || scale_format == SCALES_BF16 || scale_format == SCALES_F32;
+}
+
+/* Bytes of one int4 group of a tile: the codes, then the scales and offsets. */
+static int64_t int4_group_bytes(int scale_format) {
+    return scale_format == SCALES_F16 ? 256 + 32 : 256 + 32 * scale_format;
+}
+
 /* Bytes of one tile. */
-static int64_t int4_tile_bytes(int64_t k, int scale_bytes) { return (k / BLOCK) * (256 + 32 * scale_bytes); }
+static int64_t int4_tile_bytes(int64_t k, int scale_format) { return (k / BLOCK) * int4_group_bytes(scale_format); }
 static int64_t int8_tile_bytes(int64_t k) { return ((k + BLOCK - 1) / BLOCK) * 512 + 4 * TILE; }
 
 /* ---- activations ---------------------------------------------------------------- */
@@ -193,9 +210,33 @@ static int quantize(const void *x, int x_bf16, int64_t m, int64_t k, int level, 
 
 static void release(Quantized *a) { free(a->xq), free(a->dx), free(a->sx); }
 
-/* 16 scale values at `p` (bfloat16 or float32) as floats. */
-static inline float scale_at(const uint8_t *p, int i, int scale_bytes) {
-    if (scale_bytes == 2) return bf16_to_float(((const uint16_t *)p)[i]);
+/* IEEE half -> float, exactly (subnormals, infinities and NaN included). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 0x400u)) {
+            mantissa <<= 1;
+            --exponent;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Scale (or offset) i at `p`, in `scale_format`'s type, as a float. */
+static inline float scale_at(const uint8_t *p, int i, int scale_format) {
+    if (scale_format == SCALES_F16) return half_to_float(((const uint16_t *)p)[i]);
+    if (scale_format == SCALES_BF16) return bf16_to_float(((const uint16_t *)p)[i]);
     float f;
     memcpy(&f, p + 4 * i, sizeof f);
     return f;
@@ -216,12 +257,13 @@ static inline void store_tile(const float *acc, int rows, int valid, void *y, in
 /* ---- portable C ----------------------------------------------------------------- */
 
 static void int4_tile_scalar(const Quantized *a, int64_t r0, int rows, const uint8_t *w,
-                             int scale_bytes, float *acc) {
-    const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;
+                             int scale_format, float *acc) {
+    const int64_t groups = a->blocks, stride = int4_group_bytes(scale_format);
+    const int offsets_held = scale_format != SCALES_F16;
     memset(acc, 0, sizeof(float) * (size_t)(rows * TILE));
     for (int64_t g = 0; g < groups; ++g) {
         const uint8_t *piece = w + g * stride, *scales = piece + 256;
-        const uint8_t *offsets = scales + 16 * scale_bytes;
+        const uint8_t *offsets = scales + 16 * scale_format;
         for (int r = 0; r < rows; ++r) {
             const int8_t *x = a->xq + (r0 + r) * groups * BLOCK + g * BLOCK;
             const float d = a->dx[(r0 + r) * groups + g];
@@ -234,8 +276,8 @@ static void int4_tile_scalar(const Quantized *a, int64_t r0, int rows, const uin
                         sum += (byte & 15) * x[4 * s + j] + (byte >> 4) * x[16 + 4 * s + j];
                     }
                 }
-                acc[r * TILE + t] += (float)(sum - 8 * sx) * (scale_at(scales, t, scale_bytes) * d) +
-                                     scale_at(offsets, t, scale_bytes) * (d * (float)sx);
+                acc[r * TILE + t] += (float)(sum - 8 * sx) * (scale_at(scales, t, scale_format) * d);
+                if (offsets_held) acc[r * TILE + t] += scale_at(offsets, t, scale_format) * (d * (float)sx);
             }
         }
     }
@@ -267,8 +309,9 @@ static void int8_tile_scalar(const Quantized *a, int64_t r0, int rows, const uin
 /* ---- AVX512-VNNI ------------------------------------------------------------------ */
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline
 
-static AVX512 __m512 load_scales512(const uint8_t *p, int scale_bytes) {
-    if (scale_bytes == 2)
+static AVX512 __m512 load_scales512(const uint8_t *p, int scale_format) {
+    if (scale_format == SCALES_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    if (scale_format == SCALES_BF16)
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
     return _mm512_loadu_ps(p);
@@ -282,8 +325,9 @@ static inline int32_t load_i32(const int8_t *p) {
 
 /* One tile against `rows` (a compile-time constant) activation rows from r0. */
 static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
-                                 const uint8_t *w, int scale_bytes, float *out) {
-    const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;
+                                 const uint8_t *w, int scale_format, float *out) {
+    const int64_t groups = a->blocks, stride = int4_group_bytes(scale_format);
+    const int offsets_held = scale_format != SCALES_F16;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
@@ -309,8 +353,9 @@ static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
                 else lo_sum[r] = _mm512_dpbusd_epi32(lo_sum[r], hi, high);
             }
         }
-        const __m512 scales = load_scales512(piece + 256, scale_bytes);
-        const __m512 offsets = load_scales512(piece + 256 + 16 * scale_bytes, scale_bytes);
+        const __m512 scales = load_scales512(piece + 256, scale_format);
+        const __m512 offsets =
+            offsets_held ? load_scales512(piece + 256 + 16 * scale_format, scale_format) : _mm512_setzero_ps();
         for (int r = 0; r < rows; ++r) {
             const int64_t at = (r0 + r) * groups + g;
             const float d = a->dx[at];
@@ -318,7 +363,7 @@ static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
             const __m512i both = rows == 1 ? _mm512_add_epi32(lo_sum[r], hi_sum[r]) : lo_sum[r];
             const __m512i sum = _mm512_sub_epi32(both, _mm512_set1_epi32(8 * sx));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scales, _mm512_set1_ps(d)), acc[r]);
-            acc[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(d * (float)sx), acc[r]);
+            if (offsets_held) acc[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(d * (float)sx), acc[r]);
         }
     }
     for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
@@ -357,11 +402,12 @@ static AVX512 void int8_tile_512(const Quantized *a, int64_t r0, const int rows,
 }
 
 /* ---- AVX2 and AVX-VNNI (256 bits: a tile's 16 rows are two vectors of 8) ---------- */
-#define AVX2 __attribute__((target("avx2,fma"), always_inline)) inline
-#define AVXVNNI __attribute__((target("avx2,fma,avxvnni"), always_inline)) inline
+#define AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline)) inline
 
-static AVX2 __m256 load_scales256(const uint8_t *p, int scale_bytes) {
-    if (scale_bytes == 2)
+static AVX2 __m256 load_scales256(const uint8_t *p, int scale_format) {
+    if (scale_format == SCALES_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (scale_format == SCALES_BF16)
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
     return _mm256_loadu_ps((const float *)p);
@@ -383,8 +429,10 @@ static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
  * saturate): int8 weights then take the sign of x instead (llama.cpp's trick). */
 #define TILES_256(SUFFIX, ATTR, DOT, VNNI)                                                       \
     static ATTR void int4_tile_##SUFFIX(const Quantized *a, int64_t r0, const int rows,          \
-                                        const uint8_t *w, int scale_bytes, float *out) {         \
-        const int64_t groups = a->blocks, stride = 256 + 32 * scale_bytes;                       \
+                                        const uint8_t *w, int scale_format, float *out) {         \
+        const int64_t groups = a->blocks, stride = int4_group_bytes(scale_format);               \
+        const int offsets_held = scale_format != SCALES_F16;                                     \
+        const int scale_width = offsets_held ? scale_format : 2;                                 \
         const __m256i low4 = _mm256_set1_epi8(0x0f);                                             \
         __m256 acc[MAX_ROWS][2];                                                                 \
         for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();              \
@@ -406,10 +454,11 @@ static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
                         sum[r] = DOT(sum[r], hi, _mm256_set1_epi32(load_i32(x + 16 + 4 * s)));   \
                     }                                                                            \
                 }                                                                                \
-                const __m256 scales = load_scales256(piece + 256 + 8 * h * scale_bytes,          \
-                                                     scale_bytes);                               \
-                const __m256 offsets = load_scales256(                                           \
-                    piece + 256 + 16 * scale_bytes + 8 * h * scale_bytes, scale_bytes);          \
+                const __m256 scales = load_scales256(piece + 256 + 8 * h * scale_width,          \
+                                                     scale_format);                               \
+                const __m256 offsets = offsets_held ? load_scales256(                            \
+                    piece + 256 + 16 * scale_format + 8 * h * scale_format, scale_format)           \
+                                                    : _mm256_setzero_ps();                       \
                 for (int r = 0; r < rows; ++r) {                                                 \
                     const int64_t at = (r0 + r) * groups + g;                                    \
                     const float d = a->dx[at];                                                   \
@@ -418,8 +467,9 @@ static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),                       \
                                                 _mm256_mul_ps(scales, _mm256_set1_ps(d)),        \
                                                 acc[r][h]);                                      \
-                    acc[r][h] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(d * (float)sx),          \
-                                                acc[r][h]);                                      \
+                    if (offsets_held)                                                            \
+                        acc[r][h] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(d * (float)sx),      \
+                                                    acc[r][h]);                                  \
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
@@ -506,50 +556,51 @@ TILES_256(avxvnni, AVXVNNI, dot_avxvnni, 1)
     }
 
 ENTRY(512, "avx512f,avx512bw,avx512vl,avx512vnni")
-ENTRY(avxvnni, "avx2,fma,avxvnni")
-ENTRY(avx2, "avx2,fma")
+ENTRY(avxvnni, "avx2,fma,f16c,avxvnni")
+ENTRY(avx2, "avx2,fma,f16c")
 #endif
 
 /* One tile for rows r0 .. r0 + rows - 1 (rows <= MAX_ROWS) at `level`. */
 static void tile(int bits, int level, const Quantized *a, int64_t r0, int rows, const uint8_t *w,
-                 int scale_bytes, float *out) {
+                 int scale_format, float *out) {
 #if X86
     if (level == LEVEL_AVX512VNNI) {
-        if (bits == 4) int4_rows_512(a, r0, rows, w, scale_bytes, out);
+        if (bits == 4) int4_rows_512(a, r0, rows, w, scale_format, out);
         else int8_rows_512(a, r0, rows, w, out);
         return;
     }
     if (level == LEVEL_AVXVNNI) {
-        if (bits == 4) int4_rows_avxvnni(a, r0, rows, w, scale_bytes, out);
+        if (bits == 4) int4_rows_avxvnni(a, r0, rows, w, scale_format, out);
         else int8_rows_avxvnni(a, r0, rows, w, out);
         return;
     }
     if (level == LEVEL_AVX2) {
-        if (bits == 4) int4_rows_avx2(a, r0, rows, w, scale_bytes, out);
+        if (bits == 4) int4_rows_avx2(a, r0, rows, w, scale_format, out);
         else int8_rows_avx2(a, r0, rows, w, out);
         return;
     }
 #else
     (void)level;
 #endif
-    if (bits == 4) int4_tile_scalar(a, r0, rows, w, scale_bytes, out);
+    if (bits == 4) int4_tile_scalar(a, r0, rows, w, scale_format, out);
     else int8_tile_scalar(a, r0, rows, w, out);
 }
 
 /* y [m, out] (bfloat16 if y_bf16, else float32) = x [m, k] (bfloat16 if x_bf16) times
- * the packed weight's transpose. `bits` 4 (`scale_bytes` 2 or 4; k a multiple of 32)
+ * the packed weight's transpose. `bits` 4 (k a multiple of 32, `scale_format` one of the
+ * SCALES_ formats)
  * or 8; `level` is capped at the best this CPU runs. Returns 0, 1 for arguments it
  * does not take, 2 when scratch memory ran out. Runs to completion once called. */
 int int8_dot(int bits, const void *x, int x_bf16, int64_t m, int64_t k, const uint8_t *w,
-             int64_t out, int scale_bytes, void *y, int y_bf16, int level, int num_threads) {
+             int64_t out, int scale_format, void *y, int y_bf16, int level, int num_threads) {
     if (m < 1 || k < 1 || out < 1 || (bits != 4 && bits != 8)) return 1;
-    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
+    if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
     const int best = int8_dot_best_level();
     if (level > best) level = best;
     Quantized a;
     if (quantize(x, x_bf16, m, k, level, &a)) return 2;
     const int64_t tiles = (out + TILE - 1) / TILE;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
 #pragma omp parallel num_threads(num_threads)
     {
         int64_t t, end;
@@ -559,7 +610,7 @@ int int8_dot(int bits, const void *x, int x_bf16, int64_t m, int64_t k, const ui
             const int valid = out - t * TILE < TILE ? (int)(out - t * TILE) : TILE;
             for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
                 const int rows = m - r0 < MAX_ROWS ? (int)(m - r0) : MAX_ROWS;
-                tile(bits, level, &a, r0, rows, w + t * tile_bytes, scale_bytes, acc);
+                tile(bits, level, &a, r0, rows, w + t * tile_bytes, scale_format, acc);
                 store_tile(acc, rows, valid, y, y_bf16, out, r0, t * TILE);
             }
         }
@@ -587,12 +638,12 @@ static inline uint16_t to_bf16_lanes(float f) {
  * operations), so the values are those `Int4Weight.quantize` and
  * `Int8Weight.quantize` compute. Each 64-byte piece (4 inputs of the 16 rows) is
  * converted whole, its lanes' scales repeated, then its rows' 4 values stored. */
-static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_bytes, int first,
+static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_format, int first,
                         int rows, void *y, int y_bf16) {
     float scale[64], offset[64], lo[64], hi[64];
     uint16_t lo16[64], hi16[64];
     const int64_t blocks = (k + BLOCK - 1) / BLOCK;
-    const int64_t stride = bits == 4 ? 256 + 32 * scale_bytes : 512;
+    const int64_t stride = bits == 4 ? int4_group_bytes(scale_format) : 512;
     if (bits == 8) {
         const uint8_t *scales = w + blocks * 512;
         for (int i = 0; i < 64; ++i) scale[i] = scale_at(scales, i / 4, 4);
@@ -601,8 +652,10 @@ static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_bytes, 
         const uint8_t *piece = w + b * stride;
         if (bits == 4) {
             for (int i = 0; i < 64; ++i) {
-                scale[i] = scale_at(piece + 256, i / 4, scale_bytes);
-                offset[i] = scale_at(piece + 256 + 16 * scale_bytes, i / 4, scale_bytes);
+                scale[i] = scale_at(piece + 256, i / 4, scale_format);
+                offset[i] = scale_format == SCALES_F16
+                                ? 0.0f
+                                : scale_at(piece + 256 + 16 * scale_format, i / 4, scale_format);
             }
         }
         const int pieces = bits == 4 ? 4 : 8;
@@ -657,8 +710,8 @@ static AVX512 __m256i bf16_lanes_512(__m512 v) {
  * row's 16 code bytes lie together, then 16 values at a time, the same arithmetic
  * (a product and a sum, each rounded on its own) and the same rounding. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void unpack_int4_tile_512(
-    const uint8_t *w, int64_t k, int scale_bytes, int first, int rows, void *y, int y_bf16) {
-    const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
+    const uint8_t *w, int64_t k, int scale_format, int first, int rows, void *y, int y_bf16) {
+    const int64_t groups = k / BLOCK, stride = int4_group_bytes(scale_format);
     const __m512i low4 = _mm512_set1_epi32(15);
     const __m512 eight = _mm512_set1_ps(8.0f);
     uint8_t by_row[256] __attribute__((aligned(64)));
@@ -673,12 +726,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void unpa
         _mm512_store_si512(by_row + 64, _mm512_unpackhi_epi64(t0, t2));
         _mm512_store_si512(by_row + 128, _mm512_unpacklo_epi64(t1, t3));
         _mm512_store_si512(by_row + 192, _mm512_unpackhi_epi64(t1, t3));
-        const uint8_t *scales = piece + 256, *offsets = scales + 16 * scale_bytes;
+        const uint8_t *scales = piece + 256, *offsets = scales + 16 * scale_format;
         for (int r = first; r < first + rows; ++r) {
             const __m512i bytes = _mm512_cvtepu8_epi32(
                 _mm_load_si128((const __m128i *)(by_row + 64 * (r & 3) + 16 * (r >> 2))));
-            const __m512 scale = _mm512_set1_ps(scale_at(scales, r, scale_bytes));
-            const __m512 offset = _mm512_set1_ps(scale_at(offsets, r, scale_bytes));
+            const __m512 scale = _mm512_set1_ps(scale_at(scales, r, scale_format));
+            const __m512 offset =
+                _mm512_set1_ps(scale_format == SCALES_F16 ? 0.0f : scale_at(offsets, r, scale_format));
             const __m512 lo = _mm512_add_ps(
                 _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bytes, low4)), eight), scale),
                 offset);
@@ -700,29 +754,29 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void unpa
 #endif
 
 /* `unpack_tile`, on AVX512 where this CPU has it (`level` 3). */
-static void unpack_tile_at(int level, int bits, const uint8_t *w, int64_t k, int scale_bytes,
+static void unpack_tile_at(int level, int bits, const uint8_t *w, int64_t k, int scale_format,
                            int first, int rows, void *y, int y_bf16) {
 #if X86
     if (level == LEVEL_AVX512VNNI && bits == 4) {
-        unpack_int4_tile_512(w, k, scale_bytes, first, rows, y, y_bf16);
+        unpack_int4_tile_512(w, k, scale_format, first, rows, y, y_bf16);
         return;
     }
 #else
     (void)level;
 #endif
-    unpack_tile(bits, w, k, scale_bytes, first, rows, y, y_bf16);
+    unpack_tile(bits, w, k, scale_format, first, rows, y, y_bf16);
 }
 
 /* y [rows, k] = the values of output rows row0 .. row0 + rows - 1 of the packed
  * weight (`out` rows in all; row0 a multiple of TILE). Returns 0, or 1 for arguments
  * it does not take. Runs to completion once called. */
-int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
+int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_format,
                     int64_t row0, int64_t rows, void *y, int y_bf16, int level, int num_threads) {
     if (level > int8_dot_best_level()) level = int8_dot_best_level();
     if (k < 1 || out < 1 || rows < 0 || row0 < 0 || row0 % TILE || row0 + rows > out) return 1;
     if (bits != 4 && bits != 8) return 1;
-    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+    if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
     const int64_t first = row0 / TILE, tiles = (rows + TILE - 1) / TILE;
     const size_t value_bytes = y_bf16 ? 2 : 4;
 #pragma omp parallel num_threads(num_threads)
@@ -732,7 +786,7 @@ int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scal
         for (; t < end; ++t) {
             const int64_t start = t * TILE;
             const int count = rows - start < TILE ? (int)(rows - start) : TILE;
-            unpack_tile_at(level, bits, w + (first + t) * tile_bytes, k, scale_bytes, 0, count,
+            unpack_tile_at(level, bits, w + (first + t) * tile_bytes, k, scale_format, 0, count,
                            (char *)y + (size_t)(start * k) * value_bytes, y_bf16);
         }
     }
@@ -742,22 +796,22 @@ int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scal
 /* y [n, k] = the values of output rows ids[0 .. n - 1] (each in 0 .. out - 1: an
  * embedding lookup in a tied head's tiles). Returns 0, or 1 for arguments it does
  * not take (an id out of range included). Runs to completion once called. */
-int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_bytes,
+int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int scale_format,
                          const int64_t *ids, int64_t n, void *y, int y_bf16, int level,
                          int num_threads) {
     if (level > int8_dot_best_level()) level = int8_dot_best_level();
     if (k < 1 || out < 1 || n < 0 || (bits != 4 && bits != 8)) return 1;
-    if (bits == 4 && (k % BLOCK || (scale_bytes != 2 && scale_bytes != 4))) return 1;
+    if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
     for (int64_t i = 0; i < n; ++i)
         if (ids[i] < 0 || ids[i] >= out) return 1;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_bytes) : int8_tile_bytes(k);
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
     const size_t value_bytes = y_bf16 ? 2 : 4;
 #pragma omp parallel num_threads(n > 1 ? num_threads : 1)
     {
         int64_t i, end;
         thread_rows(n, &i, &end);
         for (; i < end; ++i)
-            unpack_tile_at(level, bits, w + (ids[i] / TILE) * tile_bytes, k, scale_bytes,
+            unpack_tile_at(level, bits, w + (ids[i] / TILE) * tile_bytes, k, scale_format,
                            (int)(ids[i] % TILE), 1, (char *)y + (size_t)(i * k) * value_bytes, y_bf16);
     }
     return 0;
@@ -765,31 +819,8 @@ int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int
 
 /* ---- GGUF's 4-bit blocks straight into tiles --------------------------------------- */
 
-/* IEEE half -> float, exactly (subnormals, infinities and NaN included). */
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
-    if (exponent == 0x1f) {
-        bits = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        exponent = 113;
-        while (!(mantissa & 0x400u)) {
-            mantissa <<= 1;
-            --exponent;
-        }
-        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline void put_scale(uint8_t *p, int i, float value, int scale_bytes) {
-    if (scale_bytes == 2) {
+static inline void put_scale(uint8_t *p, int i, float value, int scale_format) {
+    if (scale_format == SCALES_BF16) {
         const uint16_t h = float_to_bf16(value);
         memcpy(p + 2 * i, &h, 2);
     } else {
@@ -825,15 +856,18 @@ static void q4_k_group(const uint8_t *block, int g, uint8_t *codes, float *scale
  * block of 32, w = (q - 8) d; 1: Q4_1, 20 bytes, w = q d + m; 2: Q4_K, 144 bytes a
  * block of 256, k a multiple of 256: `q4_k_group`). Each tile piece takes a
  * group's codes as they are; the scale is d and the offset 0 (Q4_0) or m + 8 d in
- * float32 (Q4_1), rounded to bfloat16 (scale_bytes 2) or kept in float32 (4).
- * Rows past the last of a tile are zeros. Returns 0, or 1 for arguments it does
- * not take. Runs to completion once called. */
+ * float32 (Q4_1), rounded to bfloat16 (SCALES_BF16) or kept in float32
+ * (SCALES_F32); in SCALES_F16, which takes Q4_0 rows only, the scale is d's own
+ * 2 bytes. Rows past the last of a tile are zeros. Returns 0, or 1 for arguments
+ * it does not take. Runs to completion once called. */
 int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows, int64_t k,
-                     int scale_bytes, uint8_t *out, int num_threads) {
-    if (rows < 1 || k < BLOCK || k % BLOCK || (scale_bytes != 2 && scale_bytes != 4)) return 1;
+                     int scale_format, uint8_t *out, int num_threads) {
+    if (rows < 1 || k < BLOCK || k % BLOCK || !int4_format_known(scale_format)) return 1;
     for (int64_t r = 0; r < rows; ++r)
-        if (kinds[r] > 2 || rows_at[r] == 0 || (kinds[r] == 2 && k % 256)) return 1;
-    const int64_t groups = k / BLOCK, stride = 256 + 32 * scale_bytes;
+        if (kinds[r] > 2 || rows_at[r] == 0 || (kinds[r] == 2 && k % 256) ||
+            (scale_format == SCALES_F16 && kinds[r] != 0))
+            return 1;
+    const int64_t groups = k / BLOCK, stride = int4_group_bytes(scale_format);
     const int64_t tiles = (rows + TILE - 1) / TILE, tile_bytes = groups * stride;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -852,8 +886,8 @@ int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows,
                         q4_k_group(row + (g / 8) * 144, (int)(g % 8), codes, &scale, &offset);
                         uint8_t *piece = tile + g * stride;
                         for (int s = 0; s < 4; ++s) memcpy(piece + 64 * s + 4 * r, codes + 4 * s, 4);
-                        put_scale(piece + 256, r, scale, scale_bytes);
-                        put_scale(piece + 256 + 16 * scale_bytes, r, offset, scale_bytes);
+                        put_scale(piece + 256, r, scale, scale_format);
+                        put_scale(piece + 256 + 16 * scale_format, r, offset, scale_format);
                     }
                     continue;
                 }
@@ -872,8 +906,12 @@ int int8_dot_pack_q4(const int64_t *rows_at, const uint8_t *kinds, int64_t rows,
                     const uint8_t *codes = block + (q4_1 ? 4 : 2);
                     uint8_t *piece = tile + g * stride;
                     for (int s = 0; s < 4; ++s) memcpy(piece + 64 * s + 4 * r, codes + 4 * s, 4);
-                    put_scale(piece + 256, r, d, scale_bytes);
-                    put_scale(piece + 256 + 16 * scale_bytes, r, offset, scale_bytes);
+                    if (scale_format == SCALES_F16) {
+                        memcpy(piece + 256 + 2 * r, block, 2);
+                        continue;
+                    }
+                    put_scale(piece + 256, r, d, scale_format);
+                    put_scale(piece + 256 + 16 * scale_format, r, offset, scale_format);
                 }
             }
         }

@@ -26,6 +26,17 @@ _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 TILE = 16
 BLOCK = 32
 LEVELS = ("scalar", "avx2", "avxvnni", "avx512vnni")
+# int4 tile scale formats (`int8_dot.c`'s SCALES_): float16 scales and no offsets
+# (GGUF's Q4_0 as stored), or a scale and an offset per row and group in bfloat16
+# or float32 (the number: bytes of each).
+SCALES_F16, SCALES_BF16, SCALES_F32 = 1, 2, 4
+_SCALE_FORMATS = {torch.float16: SCALES_F16, torch.bfloat16: SCALES_BF16, torch.float32: SCALES_F32}
+
+
+def int4_group_bytes(scale_format: int) -> int:
+    """Bytes of one group of 32 inputs of an int4 tile (16 rows): the codes, the
+    scales and, except in SCALES_F16, the offsets."""
+    return 256 + 32 if scale_format == SCALES_F16 else 256 + 32 * scale_format
 
 
 @functools.cache
@@ -90,7 +101,7 @@ class TiledWeight:
     bits: int
     out_features: int
     in_features: int
-    scale_bytes: int  # int4 scales and offsets: 2 (bfloat16) or 4 (float32)
+    scale_format: int  # int4: SCALES_F16, SCALES_BF16 or SCALES_F32 (int8: 4)
 
     @property
     def nbytes(self) -> int:
@@ -104,11 +115,12 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def pack_int4_tiles(
-    q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, scale_dtype: torch.dtype
+    q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, scale_dtype: torch.dtype
 ) -> TiledWeight:
     """The layout of the weight `(q - 8) * scales + offsets` (`q` integers 0..15
     `[out, in]`, `in` a multiple of 32; `scales` and `offsets` `[out, in / 32]`, stored
-    as `scale_dtype`, bfloat16 or float32: values already in that dtype stay exact)."""
+    as `scale_dtype`, bfloat16 or float32: values already in that dtype stay exact;
+    or float16 scales with `offsets` None, every offset zero: `SCALES_F16`)."""
     out_features, in_features = q.shape
     if in_features % BLOCK:
         raise ValueError(f"int4 tiles need input features divisible by {BLOCK}, not {in_features}")
@@ -118,7 +130,10 @@ def pack_int4_tiles(
 
 
 def pack_int4_nibble_tiles(
-    nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, scale_dtype: torch.dtype
+    nibbles: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    scale_dtype: torch.dtype,
 ) -> TiledWeight:
     """`pack_int4_tiles` of codes given as GGUF's Q4_0/Q4_1 stores them: `nibbles`
     uint8 `[out, in / 2]`, each group's byte j holding code j in its low nibble and
@@ -128,8 +143,11 @@ def pack_int4_nibble_tiles(
     in_features = 2 * half
     if in_features % BLOCK:
         raise ValueError(f"int4 tiles need input features divisible by {BLOCK}, not {in_features}")
-    if scale_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"int4 tile scales are bfloat16 or float32, not {scale_dtype}")
+    scale_format = _SCALE_FORMATS.get(scale_dtype)
+    if scale_format is None:
+        raise ValueError(f"int4 tile scales are float16, bfloat16 or float32, not {scale_dtype}")
+    if (offsets is None) != (scale_format == SCALES_F16):
+        raise ValueError("int4 tiles hold offsets with bfloat16 or float32 scales only, and need them")
     tiles = -(-out_features // TILE)
     groups = in_features // BLOCK
     words = _pad_rows(nibbles.contiguous(), tiles * TILE).view(torch.int32)
@@ -141,13 +159,14 @@ def pack_int4_nibble_tiles(
         return values.view(tiles, TILE, groups).transpose(1, 2).contiguous().view(torch.uint8)
 
     codes = pieces.view(torch.uint8).view(tiles, groups, 256)
-    data = torch.cat([codes, per_tile(scales), per_tile(offsets)], dim=2)
+    parts = [codes, per_tile(scales)] + ([] if offsets is None else [per_tile(offsets)])
+    data = torch.cat(parts, dim=2)
     return TiledWeight(
         data=data.reshape(tiles, -1),
         bits=4,
         out_features=out_features,
         in_features=in_features,
-        scale_bytes=2 if scale_dtype == torch.bfloat16 else 4,
+        scale_format=scale_format,
     )
 
 
@@ -158,22 +177,23 @@ def pack_q4_rows(
     row r at address `rows_at[r]` (int64, in a mapping kept alive by the caller)
     of type `kinds[r]` (0 Q4_0, 1 Q4_1, 2 Q4_K). The same tiles as
     `pack_int4_nibble_tiles` of those blocks' codes, scales and offsets
-    (`block_codes.int4_blocks`), in one pass and on every thread. Needs the
-    library (`available`)."""
+    (`block_codes.int4_blocks`), in one pass and on every thread: with
+    `scale_dtype` float16 (Q4_0 rows only) the blocks' own scales and no
+    offsets. Needs the library (`available`)."""
     rows_at = np.ascontiguousarray(rows_at, dtype=np.int64)
     kinds = np.ascontiguousarray(kinds, dtype=np.uint8)
     rows = rows_at.shape[0]
-    scale_bytes = 2 if scale_dtype == torch.bfloat16 else 4
+    scale_format = _SCALE_FORMATS[scale_dtype]
     tiles = -(-rows // TILE)
-    data = torch.empty((tiles, in_features // BLOCK * (256 + 32 * scale_bytes)), dtype=torch.uint8)
+    data = torch.empty((tiles, in_features // BLOCK * int4_group_bytes(scale_format)), dtype=torch.uint8)
     status = _lib().int8_dot_pack_q4(
-        rows_at.ctypes.data, kinds.ctypes.data, rows, in_features, scale_bytes, data.data_ptr(),
+        rows_at.ctypes.data, kinds.ctypes.data, rows, in_features, scale_format, data.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
     if status:
         raise ValueError(f"cannot pack {rows} rows of {in_features} 4-bit weights")
     return TiledWeight(
-        data=data, bits=4, out_features=rows, in_features=in_features, scale_bytes=scale_bytes
+        data=data, bits=4, out_features=rows, in_features=in_features, scale_format=scale_format
     )
 
 
@@ -215,7 +235,7 @@ def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
             torch.get_num_threads(),
         )  # fmt: skip
         return TiledWeight(
-            data=data, bits=8, out_features=out_features, in_features=in_features, scale_bytes=4
+            data=data, bits=8, out_features=out_features, in_features=in_features, scale_format=4
         )
     biased = (q.to(torch.int16) + 128).to(torch.uint8)
     if in_features % BLOCK:  # zero columns: the unsigned 128
@@ -229,7 +249,7 @@ def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
     row_scales = _pad_rows(scales.to(torch.float32), tiles * TILE).view(tiles, TILE)
     data = torch.cat([pieces, row_scales.view(torch.uint8)], dim=1).contiguous()
     return TiledWeight(
-        data=data, bits=8, out_features=out_features, in_features=in_features, scale_bytes=4
+        data=data, bits=8, out_features=out_features, in_features=in_features, scale_format=4
     )
 
 
@@ -261,7 +281,7 @@ def int8_dot(
     use = level() if level_cap is None else min(level(), level_cap)
     status = _lib().int8_dot(
         weight.bits, x.data_ptr(), int(x.dtype == torch.bfloat16), x.shape[0], x.shape[1],
-        weight.data.data_ptr(), weight.out_features, weight.scale_bytes, y.data_ptr(),
+        weight.data.data_ptr(), weight.out_features, weight.scale_format, y.data_ptr(),
         int(out_dtype == torch.bfloat16), use, torch.get_num_threads(),
     )  # fmt: skip
     if status == 2:
@@ -290,7 +310,7 @@ def unpack(
     y = torch.empty((stop - start, weight.in_features), dtype=dtype)
     status = _lib().int8_dot_unpack(
         weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
-        weight.scale_bytes, start, stop - start, y.data_ptr(), int(dtype == torch.bfloat16),
+        weight.scale_format, start, stop - start, y.data_ptr(), int(dtype == torch.bfloat16),
         level() if level_cap is None else min(level(), level_cap), torch.get_num_threads(),
     )  # fmt: skip
     if status:
@@ -310,7 +330,7 @@ def unpack_rows(
     y = torch.empty((ids.numel(), weight.in_features), dtype=dtype)
     status = _lib().int8_dot_unpack_rows(
         weight.bits, weight.data.data_ptr(), weight.out_features, weight.in_features,
-        weight.scale_bytes, ids.data_ptr(), ids.numel(), y.data_ptr(),
+        weight.scale_format, ids.data_ptr(), ids.numel(), y.data_ptr(),
         int(dtype == torch.bfloat16), level() if level_cap is None else min(level(), level_cap),
         torch.get_num_threads(),
     )  # fmt: skip
