@@ -108,7 +108,9 @@ class ModelConfig:
     `enable_lora_runtime_updates` more are loaded and unloaded while serving. An
     adapter given by hub id is fetched with `hf_token` (None: `HF_TOKEN` or the
     saved login; never in `repr`), or found in the hub cache alone when
-    `offline`."""
+    `offline`. `threads` sizes the one OpenMP team that torch's operators and the
+    native kernels share (None: the cores of the process's affinity mask; see
+    `runner/threads.py`); tensor-parallel ranks on one machine split it."""
 
     model: str | None = None
     dtype: DType = "auto"
@@ -124,6 +126,7 @@ class ModelConfig:
     enable_lora_runtime_updates: bool = False
     hf_token: str | None = attrs.field(default=None, repr=False)
     offline: bool = False
+    threads: int | None = attrs.field(default=None, validator=_positive)
 
 
 @attrs.frozen

@@ -100,6 +100,14 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         help="CUDA: run every step eagerly instead of replaying captured decode graphs",
     )
     group.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="threads for the model's work: torch's operators and the native kernels share "
+        "them (default: the cores this process may run on, its CPU affinity mask)",
+    )
+    group.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=positive_int,
@@ -236,6 +244,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         enable_lora_runtime_updates=getattr(args, "enable_lora_runtime_updates", False),
         hf_token=getattr(args, "hf_token", None),
         offline=getattr(args, "offline", False),
+        threads=args.threads,
     )
 
 

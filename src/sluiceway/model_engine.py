@@ -85,8 +85,11 @@ def load_bundle(
         linear_weight_types,
         native_quantized_kernels,
     )
+    from sluiceway.runner.threads import use_threads
 
     device = _device()
+    if model.tensor_parallel_size == 1:
+        use_threads(model.threads)  # the ranks size their own (`tensor_parallel.launch`)
     try:
         attention = select_attention_backend(model.attention_backend, device)
     except ValueError as exc:

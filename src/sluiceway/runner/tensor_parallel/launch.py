@@ -19,6 +19,7 @@ from sluiceway.engine.pooling import PoolingSpec
 from sluiceway.runner.tensor_parallel.driver import TensorParallelRunner, free_loopback_port
 from sluiceway.runner.tensor_parallel.messages import CheckpointSource, RankSpec
 from sluiceway.runner.tensor_parallel.sharding import ShardPlan, TensorParallelError
+from sluiceway.runner.threads import available_cores
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -54,7 +55,7 @@ def rank_spec(
     if device == "cpu":
         # Ranks on one machine share its cores; more threads than cores would
         # leave ranks waiting at each collective for a descheduled peer.
-        threads = max(1, (os.cpu_count() or 1) // local_ranks)
+        threads = max(1, (model.threads or available_cores()) // local_ranks)
     return RankSpec(
         world_size=model.tensor_parallel_size,
         init_method=init_method,
