@@ -19,6 +19,14 @@
 # OUTPUT_TOKENS (128), PYTHON (.venv/bin/python), LLAMA_CPP_PYTHON_VERSION (0.3.36),
 # GUIDELLM_VERSION (0.8.1), OUT (a results directory). Long prompts, for example:
 #   STREAMS=1,8 PROMPT_TOKENS=4096 SECONDS_PER_LEVEL=180 benchmarks/peers.sh run
+# MODEL: another GGUF for both servers (default: the default model's Q4_1 file), for
+# example one of benchmarks/load_real.py's real-shape files:
+#   MODEL=~/.cache/sluiceway-bench/llama-3.2-1b.Q4_0.gguf benchmarks/peers.sh run
+# LLAMA_CFLAGS: more compiler flags for llama.cpp's build, which then goes to its own
+# folder. Where the CPU lists AMX but a process may not use it (seen on a virtual
+# machine: llama-server dies of SIGILL in its AMX code at start-up or at the first
+# prompt), LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" builds llama.cpp
+# without AMX and with everything else -march=native gives it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,12 +41,15 @@ OUTPUT_TOKENS=${OUTPUT_TOKENS:-128}
 OUT=${OUT:-$CACHE/results/$(date -u +%Y%m%dT%H%M%SZ)}
 # This checkout's sources, whichever environment PYTHON comes from.
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-LLAMA_SERVER=$CACHE/llama-build/bin/llama-server
+LLAMA_CFLAGS=${LLAMA_CFLAGS:-}
+LLAMA_BUILD=$CACHE/llama-build${LLAMA_CFLAGS:+-$(printf '%s' "$LLAMA_CFLAGS" | md5sum | cut -c1-8)}
+LLAMA_SERVER=$LLAMA_BUILD/bin/llama-server
 GUIDELLM=$CACHE/guidellm-venv/bin/guidellm
 HOST=127.0.0.1
 LLAMA_PORT=${LLAMA_PORT:-18411}
 SLUICEWAY_PORT=${SLUICEWAY_PORT:-18412}
 MODEL_NAME=SmolLM2-135M-Instruct
+MODEL_OVERRIDE=${MODEL:-}
 
 log() { printf '[peers %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -56,10 +67,11 @@ build_llama_server() {
   local src="$CACHE/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
   [[ -d $src ]] || tar -xzf "$sdist" -C "$CACHE"
   # The server, llama-quantize and llama-bench only, statically linked, no curl/openssl.
-  cmake -S "$src/vendor/llama.cpp" -B "$CACHE/llama-build" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$src/vendor/llama.cpp" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-  timeout 3600 cmake --build "$CACHE/llama-build" --target llama-server llama-quantize llama-bench -j2
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    "-DCMAKE_C_FLAGS=$LLAMA_CFLAGS" "-DCMAKE_CXX_FLAGS=$LLAMA_CFLAGS"
+  timeout 3600 cmake --build "$LLAMA_BUILD" --target llama-server llama-quantize llama-bench -j2
 }
 
 install_guidellm() {
@@ -85,18 +97,18 @@ for location in spec.submodule_search_locations:
 EOF
 }
 
-# guidellm counts prompt and output tokens with the model's tokenizer: the GGUF's
-# converted copy in sluiceway's cache (written on its first load), so no hub access.
-tokenizer_dir() {
-  "$PYTHON" - <<'EOF'
+# guidellm counts prompt and output tokens with the model's tokenizer: the one
+# sluiceway builds from the GGUF's metadata, saved into the results folder (no hub).
+tokenizer_dir() {  # model file
+  "$PYTHON" - "$1" "$OUT/tokenizer" <<'EOF'
 import logging
-from sluiceway.runner.loading import converted_gguf_dir, default_model_path, load_model
+import sys
 
-target = converted_gguf_dir(default_model_path())
-if target is None or not (target / "tokenizer_config.json").is_file():
-    logging.basicConfig(level=logging.WARNING)
-    load_model(None, progress=False)  # converts and caches
-print(target)
+from sluiceway.runner.loading import load_model
+
+logging.basicConfig(level=logging.WARNING)
+load_model(sys.argv[1], progress=False).tokenizer.save_pretrained(sys.argv[2])
+print(sys.argv[2])
 EOF
 }
 
@@ -136,6 +148,7 @@ start_server() {  # name
       ;;
     sluiceway)
       "$PYTHON" -m sluiceway.cli serve --host "$HOST" --port "$SLUICEWAY_PORT" \
+        ${MODEL_OVERRIDE:+--model "$MODEL_OVERRIDE" --served-model-name "$MODEL_NAME"} \
         >"$OUT/sluiceway.log" 2>&1 &
       SERVER_PID=$!
       wait_healthy "http://$HOST:$SLUICEWAY_PORT" "$SERVER_PID" 300
@@ -176,17 +189,20 @@ run_level() {  # name streams
 
 run_all() {
   mkdir -p "$OUT"
-  MODEL=$(model_file)
-  TOKENIZER=$(tokenizer_dir)
+  MODEL=${MODEL_OVERRIDE:-$(model_file)}
+  TOKENIZER=$(tokenizer_dir "$MODEL")
   log "model $MODEL, tokenizer $TOKENIZER, results in $OUT"
   {
     echo "date: $(date -u)"
     echo "commit: $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (dirty)')"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) cores"
     echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's vendored tree; guidellm $GUIDELLM_VERSION"
+    echo "model: $MODEL"
+    echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's vendored tree${LLAMA_CFLAGS:+ built with $LLAMA_CFLAGS}; guidellm $GUIDELLM_VERSION"
     echo "per request: $PROMPT_TOKENS prompt tokens, $OUTPUT_TOKENS output tokens; $SECONDS_PER_LEVEL s a level"
   } >"$OUT/meta.txt"
+  "$PYTHON" "$ROOT/benchmarks/peers_table.py" --bound "$MODEL" >"$OUT/bound.json" ||
+    log "could not measure the bandwidth bound"
   local i=0 level
   for level in ${STREAMS//,/ }; do
     if ((i % 2 == 0)); then

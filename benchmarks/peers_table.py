@@ -2,6 +2,16 @@
 each level, side by side, and sluiceway's ratios to llama.cpp.
 
     python benchmarks/peers_table.py RESULTS_DIR
+    python benchmarks/peers_table.py --bound MODEL.gguf > RESULTS_DIR/bound.json
+
+With `RESULTS_DIR/bound.json` (written by the second form before the servers
+start) it also prints one stream's decode (1000 / ITL p50) against the memory
+bandwidth bound: a decode step of one sequence reads every weight once, so it
+runs at most at (bandwidth) / (bytes read per step). The bytes are the GGUF's
+tensors but the token embedding (only looked up), or with it where the output
+head is tied to it; the bandwidth is the best of ten torch sums over 2 GiB on
+every core, more than any cache holds (over 256 MB this machine's caches
+doubled the figure).
 
 RESULTS_DIR holds `<server>-<streams>.json` (guidellm's `--output kind=json`).
 Output tok/s is every request's output tokens (completed, and cut off by the
@@ -46,6 +56,45 @@ def level_figures(path: Path) -> dict[str, float] | None:
     }
 
 
+def step_bytes(path: str) -> int:
+    """Bytes one decode step of one sequence reads: every tensor of the GGUF but the
+    token embedding, unless the output head is tied to it."""
+    import gguf
+
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    embedding = tensors.pop("token_embd.weight", 0)
+    return sum(tensors.values()) + (0 if "output.weight" in tensors else embedding)
+
+
+def bandwidth() -> float:
+    """Bytes a second a torch sum over 2 GiB reads on every core (best of ten)."""
+    import time
+
+    import torch
+
+    data = torch.ones(1 << 29, dtype=torch.float32)
+    data.sum()
+    best = float("inf")
+    for _ in range(10):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best
+
+
+def bound_line(bound: dict[str, float], figures: dict[str, float] | None, server: str) -> str:
+    """One stream's decode rate as a share of the bandwidth bound."""
+    limit = bound["bandwidth"] / bound["step_bytes"]
+    if figures is None or "itl_p50" not in figures or not figures["itl_p50"]:
+        return f"{server}: no one-stream decode rate (bound {limit:.1f} tok/s)"
+    rate = 1000 / figures["itl_p50"]
+    return (
+        f"{server}: one stream decodes {rate:.1f} tok/s (1000 / ITL p50) = {100 * rate / limit:.0f}% "
+        f"of the bound {limit:.1f} tok/s ({bound['step_bytes'] / 1e6:.0f} MB a step at "
+        f"{bound['bandwidth'] / 1e9:.1f} GB/s)"
+    )
+
+
 def _cell(figures: dict[str, float] | None, key: str, fmt: str) -> str:
     if figures is None or key not in figures:
         return "-"
@@ -80,9 +129,18 @@ def main(directory: str) -> None:
             )
         else:
             print(f"{n} streams: no ratio (a server completed no request)")
+    bound_file = root / "bound.json"
+    if 1 in levels and bound_file.is_file():
+        bound = json.loads(bound_file.read_text())
+        print()
+        for s in SERVERS:
+            print(bound_line(bound, figures[s, 1], s))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: peers_table.py RESULTS_DIR")
-    main(sys.argv[1])
+    if len(sys.argv) == 3 and sys.argv[1] == "--bound":
+        print(json.dumps({"step_bytes": step_bytes(sys.argv[2]), "bandwidth": bandwidth()}))
+    elif len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        sys.exit("usage: peers_table.py RESULTS_DIR | --bound MODEL.gguf")
