@@ -174,6 +174,12 @@ run_level() {  # name streams
   local port=$LLAMA_PORT
   [[ $1 == sluiceway ]] && port=$SLUICEWAY_PORT
   log "$1 at $2 streams"
+  # The bandwidth this machine gives moves from minute to minute (it is shared), so
+  # each server's one-stream level gets its own bound, measured just before.
+  if [[ $2 == 1 ]]; then
+    "$PYTHON" "$ROOT/benchmarks/peers_table.py" --bound "$MODEL" >"$OUT/bound-$1.json" ||
+      log "could not measure the bandwidth bound"
+  fi
   start_server "$1"
   timeout $((SECONDS_PER_LEVEL * 3 + 120)) "$GUIDELLM" run \
     --backend "kind=openai_http,target=http://$HOST:$port,model=$MODEL_NAME,request_format=/v1/chat/completions" \
@@ -201,8 +207,6 @@ run_all() {
     echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's vendored tree${LLAMA_CFLAGS:+ built with $LLAMA_CFLAGS}; guidellm $GUIDELLM_VERSION"
     echo "per request: $PROMPT_TOKENS prompt tokens, $OUTPUT_TOKENS output tokens; $SECONDS_PER_LEVEL s a level"
   } >"$OUT/meta.txt"
-  "$PYTHON" "$ROOT/benchmarks/peers_table.py" --bound "$MODEL" >"$OUT/bound.json" ||
-    log "could not measure the bandwidth bound"
   local i=0 level
   for level in ${STREAMS//,/ }; do
     if ((i % 2 == 0)); then

@@ -4,14 +4,16 @@ each level, side by side, and sluiceway's ratios to llama.cpp.
     python benchmarks/peers_table.py RESULTS_DIR
     python benchmarks/peers_table.py --bound MODEL.gguf > RESULTS_DIR/bound.json
 
-With `RESULTS_DIR/bound.json` (written by the second form before the servers
-start) it also prints one stream's decode (1000 / ITL p50) against the memory
+With `RESULTS_DIR/bound-<server>.json` (written by the second form just before
+that server's one-stream level; `bound.json` serves both where those are
+missing) it also prints one stream's decode (1000 / ITL p50) against the memory
 bandwidth bound: a decode step of one sequence reads every weight once, so it
 runs at most at (bandwidth) / (bytes read per step). The bytes are the GGUF's
 tensors but the token embedding (only looked up), or with it where the output
-head is tied to it; the bandwidth is the best of ten torch sums over 2 GiB on
-every core, more than any cache holds (over 256 MB this machine's caches
-doubled the figure).
+head is tied to it (a server that holds some in fewer bytes, as sluiceway's
+per-row int8 holds Q8_0, reads a little less); the bandwidth is the best of ten
+torch sums over 2 GiB on every core, more than any cache holds (over 256 MB
+this machine's caches doubled the figure).
 
 RESULTS_DIR holds `<server>-<streams>.json` (guidellm's `--output kind=json`).
 Output tok/s is every request's output tokens (completed, and cut off by the
@@ -129,12 +131,16 @@ def main(directory: str) -> None:
             )
         else:
             print(f"{n} streams: no ratio (a server completed no request)")
-    bound_file = root / "bound.json"
-    if 1 in levels and bound_file.is_file():
-        bound = json.loads(bound_file.read_text())
-        print()
+    if 1 in levels:
+        lines = []
         for s in SERVERS:
-            print(bound_line(bound, figures[s, 1], s))
+            for name in (f"bound-{s}.json", "bound.json"):
+                if (root / name).is_file():
+                    lines.append(bound_line(json.loads((root / name).read_text()), figures[s, 1], s))
+                    break
+        if lines:
+            print()
+            print("\n".join(lines))
 
 
 if __name__ == "__main__":
