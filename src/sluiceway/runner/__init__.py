@@ -5,7 +5,8 @@ Other packages use the modules in `__all__` and nothing else of it
 tokenizer and weights), `checkpoint` (weights read a tensor at a time),
 `model_runner` (the engine's `ModelRunner`), `quantization_choice`,
 `decode_graphs`, `kernels` (the attention backend), `tensor_parallel`,
-`openmp_teams` and `lora` (LoRA adapters: their errors). Layers, attention, the KV cache, the sampler, native kernels and
+`openmp_teams`, `threads` (how many the model's work runs on) and `lora`
+(LoRA adapters: their errors). Layers, attention, the KV cache, the sampler, native kernels and
 model families are its own. Import the modules directly: this package imports
 nothing itself, so that importing it stays cheap.
 """
@@ -20,4 +21,5 @@ __all__ = [
     "openmp_teams",
     "quantization_choice",
     "tensor_parallel",
+    "threads",
 ]
