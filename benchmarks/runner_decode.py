@@ -1,6 +1,7 @@
 """Time and profile TorchModelRunner steps on the default model, in-process.
 
-    .venv/bin/python benchmarks/runner_decode.py --batch 32 --dtype bfloat16 [--profile]
+    .venv/bin/python benchmarks/runner_decode.py --batch 32 --dtype bfloat16 [--profile] \
+        [--kv-cache-dtype int8]
 
 Builds one runner, prefills `--batch` random prompts of `--prompt` tokens in one
 step, then times `--steps` decode steps (median ms per step and tok/s). With
@@ -79,11 +80,14 @@ def main() -> None:
     p.add_argument("--quantization", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     ctx = args.prompt + args.steps + 16
-    kwargs = {"quantization": args.quantization} if args.quantization else {}
+    kwargs: dict[str, str] = {"kv_cache_dtype": args.kv_cache_dtype}
+    if args.quantization:
+        kwargs["quantization"] = args.quantization
     runner, _ = build(args.dtype, args.batch, ctx, **kwargs)
     dec = Decoder(runner, args.batch, args.prompt, ctx)
     t = time.perf_counter()

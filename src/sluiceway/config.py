@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import attrs
 
@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from sluiceway.fleet.kv_events_config import KVEventsConfig
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+# How the KV cache stores keys and values (`runner/kv_cache.py`): "auto" in the
+# model's dtype, a float dtype, or int8 / fp8 (e4m3) codes with a scale per row.
+KVCacheDType = Literal["auto", "bfloat16", "float16", "float32", "fp8", "int8"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 Quantization = Literal["int8", "int4"]
 # What a user asks for: a path, "none", or "auto" (the path the stored weights fit).
@@ -29,7 +32,9 @@ class EngineConfig:
 
     `max_model_len=None` takes the model's own context length. The KV cache is
     `num_kv_blocks` blocks of `block_size` tokens when given, else as many as fit in
-    `kv_cache_memory_bytes`. `max_waiting` bounds the choices waiting for a
+    `kv_cache_memory_bytes`, each key and value stored as `kv_cache_dtype` says
+    ("int8" and "fp8" hold about twice the tokens of bfloat16 in the same
+    memory, at a small loss: docs/kv-cache.md). `max_waiting` bounds the choices waiting for a
     sequence slot (those beyond the free ones of `max_num_seqs`); past it
     `Engine.generate` raises `QueueFullError`. `step_timeout` is the watchdog:
     a model step running longer than that many seconds marks the engine failed
@@ -66,6 +71,9 @@ class EngineConfig:
     block_size: int = attrs.field(default=16, validator=_positive)
     num_kv_blocks: int | None = attrs.field(default=None, validator=_positive)
     kv_cache_memory_bytes: int = attrs.field(default=1 << 30, validator=_positive)
+    kv_cache_dtype: KVCacheDType = attrs.field(
+        default="auto", validator=attrs.validators.in_(get_args(KVCacheDType))
+    )
     max_waiting: int = attrs.field(default=256, validator=_positive)
     enable_prefix_caching: bool = True
     step_timeout: float | None = attrs.field(default=None, validator=_positive)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import get_args
 
-from sluiceway.config import EngineConfig, ModelConfig
+from sluiceway.config import EngineConfig, KVCacheDType, ModelConfig
 
 DEFAULT_STEP_TIMEOUT = 300.0
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
@@ -169,6 +170,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="tokens per model step")
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     group.add_argument("--kv-cache-memory", type=parse_size, default=1 << 30, help="KV cache size, e.g. 1GiB")
+    group.add_argument(
+        "--kv-cache-dtype",
+        choices=get_args(KVCacheDType),
+        default="auto",
+        help="how the KV cache stores keys and values: auto (the model's dtype), a float "
+        "dtype, or int8 / fp8 with a scale per row (about twice the tokens in the same memory)",
+    )
     group.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (overrides --kv-cache-memory)")
     group.add_argument("--max-waiting", type=int, default=256, help="choices allowed to wait for a free sequence slot; beyond it requests get 429")
     group.add_argument("--no-prefix-caching", action="store_true", help="do not reuse KV blocks of identical prefixes")
@@ -258,6 +266,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         step_timeout=_step_timeout(args),

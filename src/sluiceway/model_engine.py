@@ -91,7 +91,9 @@ def load_bundle(
     if model.tensor_parallel_size == 1:
         use_threads(model.threads)  # the ranks size their own (`tensor_parallel.launch`)
     try:
-        attention = select_attention_backend(model.attention_backend, device)
+        attention = select_attention_backend(
+            model.attention_backend, device, kv_cache_dtype=engine.kv_cache_dtype
+        )
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     loaded = load_model(model.model, model.dtype, progress=progress)
@@ -226,6 +228,7 @@ def _build_runner(
                 if from_blocks
                 else None,
                 dense_copies=model.dense_weight_copies,
+                kv_cache_dtype=engine.kv_cache_dtype,
             )
     except ValueError as exc:  # an architecture or shape this runner cannot serve
         raise ModelLoadError(f"cannot run {loaded.name}: {exc}") from None

@@ -122,7 +122,7 @@ def test_kernel_refuses_what_it_cannot_do():
     q, key_cache, value_cache, tables, seq_lens = _case(9, 3, 64, [20])
     with pytest.raises(ValueError, match="overruns"):
         paged_decode(q, key_cache, value_cache, tables, seq_lens, 0.125, max_seq_len=10_000)
-    with pytest.raises(ValueError, match="as q"):  # one dtype for all three
+    with pytest.raises(ValueError, match="float32 cache"):  # the cache is q's dtype unless named
         paged_decode(q.float(), key_cache, value_cache, tables, seq_lens, 0.125)
     with pytest.raises(ValueError, match="bfloat16 or float32"):
         paged_decode(q.half(), key_cache.half(), value_cache.half(), tables, seq_lens, 0.125)
@@ -169,7 +169,7 @@ def test_torch_attention_native_and_sdpa_decode_agree(query_lens):
 
 
 def test_auto_choice_follows_the_cache_dtype():
-    assert native_decode_available(torch.bfloat16, torch.device("cpu"))
+    assert native_decode_available("bfloat16", torch.bfloat16, torch.device("cpu"))
     bf16 = KVCache.allocate(
         num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.bfloat16
     )
@@ -199,7 +199,7 @@ def fresh_library(monkeypatch, tmp_path):
 def test_a_broken_compiler_falls_back_to_sdpa_with_a_warning(fresh_library, monkeypatch, caplog):
     monkeypatch.setenv("CC", "false")
     caplog.set_level(logging.WARNING)
-    assert not native_decode_available(torch.bfloat16, torch.device("cpu"))
+    assert not native_decode_available("bfloat16", torch.bfloat16, torch.device("cpu"))
     assert "native kernel paged_decode unavailable" in caplog.text
     cache = KVCache.allocate(
         num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1, head_dim=8, dtype=torch.bfloat16
@@ -210,7 +210,7 @@ def test_a_broken_compiler_falls_back_to_sdpa_with_a_warning(fresh_library, monk
 
 def test_native_kernels_can_be_turned_off(fresh_library, monkeypatch):
     monkeypatch.setenv("SLUICEWAY_NATIVE", "0")
-    assert not native_decode_available(torch.bfloat16, torch.device("cpu"))
+    assert not native_decode_available("bfloat16", torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_built_library_is_reused(fresh_library, monkeypatch):

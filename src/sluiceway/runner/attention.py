@@ -132,14 +132,6 @@ class _TorchPlan:
     fresh: tuple[_FreshPrefillGroup, ...] = ()
 
 
-def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Whole blocks `blocks` ([B, nb]) of a layer cache as [B, nb * block_size, KVH, D].
-    Copying whole blocks with index_select is several times faster on CPU than
-    indexing single slots."""
-    b, nb = blocks.shape
-    return cache.index_select(0, blocks.reshape(-1)).view(b, nb * cache.shape[1], *cache.shape[2:])
-
-
 class TorchAttention:
     """Paged attention in torch (SDPA) plus one C kernel; the CPU default.
 
@@ -156,8 +148,10 @@ class TorchAttention:
 
     def __init__(self, kv_cache: KVCache, *, native_decode: bool | None = None) -> None:
         self.kv_cache = kv_cache
-        cache = kv_cache.key_caches[0]
-        available = native_decode_available(cache.dtype, cache.device)
+        cache_format = kv_cache.format
+        available = native_decode_available(
+            cache_format.name, cache_format.compute, kv_cache.key_caches[0].device
+        )
         if native_decode and not available:
             raise ValueError("the native decode kernel is not available for this cache")
         self.native_decode = available if native_decode is None else native_decode
@@ -197,7 +191,7 @@ class TorchAttention:
         # An additive float mask, built once per step: given a boolean one, SDPA
         # converts it with two `where`s in every layer.
         outside = (positions[None, :] >= lens[:, None])[:, None, None, :]
-        dtype = self.kv_cache.key_caches[0].dtype
+        dtype = self.kv_cache.format.compute
         mask = torch.zeros(outside.shape, dtype=dtype, device=lens.device).masked_fill(
             outside, float("-inf")
         )
@@ -212,7 +206,7 @@ class TorchAttention:
         return context_groups(
             meta,
             self.kv_cache.block_size,
-            self.kv_cache.key_caches[0].dtype,
+            self.kv_cache.format.compute,
             include=lambda b, q_len: q_len > 1 and b not in skip,
         )
 
@@ -262,19 +256,21 @@ class TorchAttention:
     def _decode(
         self, q: torch.Tensor, layer: int, group: _DecodeGroup, scale: float
     ) -> torch.Tensor:
-        k_cache, v_cache = self.kv_cache.key_caches[layer], self.kv_cache.value_caches[layer]
+        cache = self.kv_cache
         if group.blocks is None or group.mask is None:
             return paged_decode(
-                q.to(k_cache.dtype),
-                k_cache,
-                v_cache,
+                q.to(cache.format.compute),
+                cache.key_caches[layer],
+                cache.value_caches[layer],
                 group.tables,
                 group.lens,
                 scale,
                 max_seq_len=group.max_len,
+                key_scales=None if cache.key_scales is None else cache.key_scales[layer],
+                value_scales=None if cache.value_scales is None else cache.value_scales[layer],
+                format=cache.format.name,
             ).to(q.dtype)
-        keys = gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [Bd, KVH, Ld, D]
-        values = gather_blocks(v_cache, group.blocks).transpose(1, 2)
+        keys, values = (t.transpose(1, 2) for t in cache.gather(layer, group.blocks))  # [Bd, KVH, Ld, D]
         # The query heads that share a KV head go in as that head's queries
         # ([Bd, KVH, H / KVH, D]) rather than as heads of one query each: the same
         # products, but CPU SDPA with one query per head is several times slower
@@ -290,9 +286,7 @@ class TorchAttention:
         self, q: torch.Tensor, layer: int, group: ContextGroup, scale: float
     ) -> torch.Tensor:
         """`[sum of q, H, D]`: the group's chunks' outputs, in `out_rows` order."""
-        k_cache, v_cache = self.kv_cache.key_caches[layer], self.kv_cache.value_caches[layer]
-        keys = gather_blocks(k_cache, group.blocks).transpose(1, 2)  # [G, KVH, L, D]
-        values = gather_blocks(v_cache, group.blocks).transpose(1, 2)
+        keys, values = (t.transpose(1, 2) for t in self.kv_cache.gather(layer, group.blocks))  # [G, KVH, L, D]
         out = F.scaled_dot_product_attention(
             q[group.rows].transpose(1, 2),  # [G, H, q_max, D]
             keys,

@@ -17,7 +17,6 @@ from sluiceway.runner.attention import (
     AttentionMetadata,
     ContextGroup,
     context_groups,
-    gather_blocks,
 )
 from sluiceway.runner.kv_cache import KVCache
 
@@ -35,7 +34,7 @@ class MaskedAttentionPlan:
             self._groups[window] = context_groups(
                 self._meta,
                 self._kv_cache.block_size,
-                self._kv_cache.key_caches[0].dtype,
+                self._kv_cache.format.compute,
                 window=window,
             )
         return self._groups[window]
@@ -61,10 +60,10 @@ def masked_attention(
     if not kv_written:
         kv_cache.write(layer, meta.slot_mapping, k, v)
     out = torch.empty_like(q)
-    k_cache, v_cache = kv_cache.key_caches[layer], kv_cache.value_caches[layer]
     for group in plan.groups(window):
-        keys = gather_blocks(k_cache, group.blocks).transpose(1, 2).to(q.dtype)  # [G, KVH, L, D]
-        values = gather_blocks(v_cache, group.blocks).transpose(1, 2).to(q.dtype)
+        keys, values = (
+            t.transpose(1, 2).to(q.dtype) for t in kv_cache.gather(layer, group.blocks)
+        )  # [G, KVH, L, D]
         queries = q[group.rows].transpose(1, 2)  # [G, H, q_max, D]
         attended = _attend(queries, keys, values, group.mask.to(q.dtype), meta.scale, softcap)
         out[group.out_rows] = attended.transpose(1, 2)[group.valid]

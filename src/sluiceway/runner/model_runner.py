@@ -23,7 +23,12 @@ from sluiceway.engine.lora_modules import LoraModules
 from sluiceway.engine.pooling import PooledHidden, PoolingSpec
 from sluiceway.runner.attention import AttentionBackend, AttentionMetadata, TorchAttention
 from sluiceway.runner.decode_graphs import DecodeGraphs, default_batch_sizes, graph_safe
-from sluiceway.runner.kv_cache import KVCache, kv_cache_bytes_per_block, num_blocks_for_budget
+from sluiceway.runner.kv_cache import (
+    KVCache,
+    kv_cache_bytes_per_block,
+    kv_cache_format,
+    num_blocks_for_budget,
+)
 from sluiceway.runner.loading import LoadedModel
 from sluiceway.runner.lora.table import LoraTable
 from sluiceway.runner.models.architecture import ModelShape
@@ -116,11 +121,14 @@ def allocate_kv_cache(
     num_blocks: int | None,
     kv_cache_bytes: int | None,
     agree: Callable[[int], int] | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> KVCache:
-    """The KV cache of a model of `shape`: `num_blocks` blocks when given, else as
-    many as fit `kv_cache_bytes` (ValueError when neither is given or not one
-    fits). `agree` may lower the count first (tensor-parallel ranks take the
-    smallest of theirs)."""
+    """The KV cache of a model of `shape` computing in `dtype`, stored as
+    `kv_cache_dtype` says (`kv_cache.KVCacheDType`): `num_blocks` blocks when
+    given, else as many as fit `kv_cache_bytes` (ValueError when neither is
+    given, not one fits, or the dtype is unknown). `agree` may lower the count
+    first (tensor-parallel ranks take the smallest of theirs)."""
+    format = kv_cache_format(kv_cache_dtype, dtype)
     if num_blocks is None:
         if kv_cache_bytes is None:
             raise ValueError("give num_blocks or kv_cache_bytes")
@@ -129,7 +137,7 @@ def allocate_kv_cache(
             block_size=block_size,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            dtype=dtype,
+            format=format,
         )
         num_blocks = num_blocks_for_budget(kv_cache_bytes, per_block)
     return KVCache.allocate(
@@ -140,6 +148,7 @@ def allocate_kv_cache(
         head_dim=shape.head_dim,
         dtype=dtype,
         device=device,
+        format=format,
     )
 
 
@@ -147,7 +156,9 @@ class TorchModelRunner:
     """Implements `sluiceway.engine.batch.ModelRunner`.
 
     Give exactly one of `num_blocks` or `kv_cache_bytes` (a memory budget; the
-    runner takes as many whole blocks as fit). `attention` builds the attention
+    runner takes as many whole blocks as fit), stored as `kv_cache_dtype` says
+    ("auto": the model's dtype; "int8" or "fp8": quantized rows, see
+    `runner/kv_cache.py`). `attention` builds the attention
     backend over the allocated cache (default `TorchAttention`). `quantization`
     ("int8" or "int4") stores the linear weights weight-only quantized (faster for
     small batches on CPU, not exact; see `runner/linear.py`).
@@ -180,6 +191,7 @@ class TorchModelRunner:
         pooling: PoolingSpec | Literal[False] | None = None,
         stored: StoredQuantized | None = None,
         dense_copies: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         """`stored` and `dense_copies`: see `DecoderModel`."""
         if (num_blocks is None) == (kv_cache_bytes is None):
@@ -201,11 +213,18 @@ class TorchModelRunner:
             block_size=block_size,
             num_blocks=num_blocks,
             kv_cache_bytes=kv_cache_bytes,
+            kv_cache_dtype=kv_cache_dtype,
         )
         num_blocks = self.kv_cache.num_blocks
         factory: AttentionFactory = attention or TorchAttention
         self.attention: AttentionBackend = factory(self.kv_cache)
-        log.info("KV cache: %d blocks of %d tokens on %s", num_blocks, block_size, self.device)
+        log.info(
+            "KV cache: %d blocks of %d tokens in %s on %s",
+            num_blocks,
+            block_size,
+            self.kv_cache.format.name,
+            self.device,
+        )
         self.decode_graphs = self._build_decode_graphs(cuda_graphs, graph_batch_sizes)
         # LoRA adapters (`enable_lora`); None: only the base model is served.
         self.lora: LoraTable | None = None
@@ -230,6 +249,7 @@ class TorchModelRunner:
         graph_batch_sizes: Sequence[int] | None = None,
         stored: StoredQuantized | None = None,
         dense_copies: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> TorchModelRunner:
         """Build from `load_model(...)`, in the loaded dtype."""
         return cls(
@@ -246,6 +266,7 @@ class TorchModelRunner:
             graph_batch_sizes=graph_batch_sizes,
             stored=stored,
             dense_copies=dense_copies,
+            kv_cache_dtype=kv_cache_dtype,
             # A loaded model whose pooling this server does not compute has none.
             pooling=loaded.pooling if loaded.pooling is not None else False,
         )

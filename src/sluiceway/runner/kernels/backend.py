@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sluiceway.runner.kv_cache import QUANTIZED_KV_CACHE_DTYPES
+
 if TYPE_CHECKING:
     from sluiceway.runner.attention import AttentionBackend, AttentionMetadata
     from sluiceway.runner.kv_cache import KVCache
@@ -31,6 +33,11 @@ class TritonAttention:
     """
 
     def __init__(self, kv_cache: KVCache) -> None:
+        if not kv_cache.stores_compute_dtype:
+            raise ValueError(
+                f"the triton attention backend reads a KV cache in the model's dtype, "
+                f"not {kv_cache.format.name}; use --attention-backend torch"
+            )
         # Imported here so that choosing the torch backend never needs triton.
         from sluiceway.runner.kernels.cache_write import write_kv_cache
         from sluiceway.runner.kernels.paged_decode import paged_attention_decode
@@ -93,13 +100,16 @@ def triton_available(device: torch.device | str) -> bool:
 
 
 def select_attention_backend(
-    name: str, device: torch.device | str
+    name: str, device: torch.device | str, *, kv_cache_dtype: str = "auto"
 ) -> Callable[[KVCache], AttentionBackend]:
     """The attention factory (`KVCache -> backend`) for `--attention-backend NAME`.
 
-    `auto` picks triton on a CUDA device when triton imports, torch otherwise;
-    `triton` raises ValueError where the kernels cannot run; `torch` always works.
+    `auto` picks triton on a CUDA device when triton imports, torch otherwise or
+    for a quantized `kv_cache_dtype` (the triton kernels read float caches);
+    `triton` raises ValueError where the kernels cannot run or the cache is
+    quantized; `torch` always works.
     """
+    quantized_cache = kv_cache_dtype in QUANTIZED_KV_CACHE_DTYPES
     from sluiceway.runner.attention import TorchAttention
 
     if name not in ATTENTION_BACKENDS:
@@ -110,7 +120,13 @@ def select_attention_backend(
     if name == "torch":
         return TorchAttention
     if name == "auto":
-        return TritonAttention if dev.type == "cuda" and triton_available(dev) else TorchAttention
+        triton = dev.type == "cuda" and not quantized_cache and triton_available(dev)
+        return TritonAttention if triton else TorchAttention
+    if quantized_cache:
+        raise ValueError(
+            f"the triton attention backend reads float KV caches, not {kv_cache_dtype}; "
+            "use --attention-backend torch"
+        )
     if not triton_available(dev):
         raise ValueError(
             f"the triton attention backend needs a CUDA device with triton installed (device is {dev}); "

@@ -116,7 +116,12 @@ class OneTokenDecode:
         `_projection`), the norms, biases and caches are contiguous CPU tensors
         of one dtype (bfloat16 or float32), the model's other kernels are the native
         ones (`eligible`) and the library builds here."""
-        if not eligible or not layers or not _kernels_take(shape):
+        if (
+            not eligible
+            or not layers
+            or not _kernels_take(shape)
+            or not kv_cache.stores_compute_dtype  # it reads and writes plain rows
+        ):
             return None
         tensors: list[torch.Tensor] = []
         pointers = []  # one row per layer, in decode_one.c's order

@@ -16,10 +16,13 @@
  *   caches        [num_blocks, block_size, KVH, D]
  *   block_tables  int32 [B, max_blocks]
  *   seq_lens      int32 [B]
- * Elements are bfloat16, passed as uint16_t bit patterns, or float32 (`paged_decode_f32`,
- * the cache of a float32 model on a CPU without bfloat16); all arithmetic is float32.
- * Two implementations: portable C (any head_dim up to 256, both element types), and,
- * for bfloat16 where the compiler
+ *   scales        float32 [num_blocks, block_size, KVH] (quantized caches only)
+ * q and out are bfloat16, passed as uint16_t bit patterns, or float32. The caches
+ * hold bfloat16 or float32 elements, or one-byte codes (int8, or fp8 e4m3 bit
+ * patterns) with one scale per slot and KV head: element d of a row is
+ * code[d] * scale (`paged_decode_cache`, see kv_cache.py). All arithmetic is float32.
+ * Two implementations: portable C (any head_dim up to 256, every element type), and,
+ * for bfloat16 q and caches where the compiler
  * targets AVX512-BF16, one specialised for head_dim 64 or 128 and up to 8 query
  * heads per KV head (about twice as fast as the portable one; docs/benchmarks.md).
  */
@@ -90,13 +93,66 @@ static inline const void *elem(const void *base, int64_t i, int f32) {
     return (const char *)base + i * (f32 ? 4 : 2);
 }
 
-static inline void decode_span(const void *q, const void *k_cache, const void *v_cache,
+/* What a cache's elements are. */
+enum { CACHE_BF16 = 0, CACHE_F32 = 1, CACHE_INT8 = 2, CACHE_FP8 = 3 };
+
+/* One layer's key or value cache: the elements and, for the one-byte kinds, a
+ * scale per (slot, KV head). */
+typedef struct {
+    const void *data;
+    const float *scales;
+    int kind;
+} Cache;
+
+/* fp8 e4m3 (the "fn" variant: no infinities, 0x7f and 0xff are NaN) as float32,
+ * all 256 codes, filled once before the first parallel region. */
+static float fp8_values[256];
+static int fp8_ready;
+
+static void fill_fp8_values(void) {
+    if (fp8_ready) return;
+    for (int c = 0; c < 256; ++c) {
+        const int sign = c >> 7, exponent = (c >> 3) & 15, mantissa = c & 7;
+        float v;
+        if (exponent == 15 && mantissa == 7)
+            v = NAN;
+        else if (exponent == 0)
+            v = ldexpf((float)mantissa / 8.0f, -6);
+        else
+            v = ldexpf(1.0f + (float)mantissa / 8.0f, exponent - 7);
+        fp8_values[c] = sign ? -v : v;
+    }
+    fp8_ready = 1;
+}
+
+/* Row `row` (slot * KVH + KV head) of `cache` as `n` float32s. */
+static inline void load_cache_row(float *dst, Cache cache, int64_t row, int64_t n) {
+    switch (cache.kind) {
+    case CACHE_INT8: {
+        const int8_t *c = (const int8_t *)cache.data + row * n;
+        const float s = cache.scales[row];
+#pragma omp simd
+        for (int64_t d = 0; d < n; ++d) dst[d] = (float)c[d] * s;
+        return;
+    }
+    case CACHE_FP8: {
+        const uint8_t *c = (const uint8_t *)cache.data + row * n;
+        const float s = cache.scales[row];
+        for (int64_t d = 0; d < n; ++d) dst[d] = fp8_values[c[d]] * s;
+        return;
+    }
+    default:
+        load_row(dst, elem(cache.data, row * n, cache.kind == CACHE_F32), n,
+                 cache.kind == CACHE_F32);
+    }
+}
+
+static inline void decode_span(const void *q, Cache k_cache, Cache v_cache,
                                const int32_t *table, int64_t begin, int64_t end, Partial part,
                                int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_dim, int64_t block_size, float scale, float *scores,
                                int f32) {
     const int64_t group = num_heads / num_kv_heads;
-    const int64_t row_stride = num_kv_heads * head_dim; /* between slots, in elements */
     const int64_t len = end - begin;
     float qf[MAX_GROUP][MAX_HEAD_DIM];
     float row[MAX_HEAD_DIM];
@@ -109,9 +165,9 @@ static inline void decode_span(const void *q, const void *k_cache, const void *v
     /* Scores, a block's run of slots at a time (no division per token). */
     for (int64_t t = begin, n, slot; t < end; t += n) {
         n = block_run(table, t, end, block_size, &slot);
-        const int64_t first = slot * row_stride + kvh * head_dim;
+        const int64_t first = slot * num_kv_heads + kvh; /* the cache row of position t */
         for (int64_t i = 0; i < n; ++i) {
-            load_row(row, elem(k_cache, first + i * row_stride, f32), head_dim, f32);
+            load_cache_row(row, k_cache, first + i * num_kv_heads, head_dim);
             for (int64_t g = 0; g < group; ++g) {
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -124,9 +180,9 @@ static inline void decode_span(const void *q, const void *k_cache, const void *v
     softmax_rows(scores, len, group, part.top, part.total);
     for (int64_t t = begin, n, slot; t < end; t += n) {
         n = block_run(table, t, end, block_size, &slot);
-        const int64_t first = slot * row_stride + kvh * head_dim;
+        const int64_t first = slot * num_kv_heads + kvh;
         for (int64_t i = 0; i < n; ++i) {
-            load_row(row, elem(v_cache, first + i * row_stride, f32), head_dim, f32);
+            load_cache_row(row, v_cache, first + i * num_kv_heads, head_dim);
             for (int64_t g = 0; g < group; ++g) {
                 const float w = scores[g * len + t - begin + i];
                 float *acc = part.acc + g * head_dim;
@@ -212,18 +268,119 @@ static inline __attribute__((always_inline)) void decode_span_avx512(
         for (int c = 0; c < C; ++c) _mm512_storeu_ps(part.acc + g * head_dim + 16 * c, acc[g][c]);
 }
 
+/* Sixteen cache elements at `p` as float32: int8 codes as they are; fp8 e4m3
+ * codes times CODES_FP8_UNIT, by moving each code's bits into a float16 (sign to
+ * bit 15, exponent and mantissa to bits 7..14) and widening that: float16's
+ * exponent bias is 8 above e4m3's, subnormals included, so the float16 is the
+ * code's value / 256. (NaN codes, which the cache never stores, read as 480.) */
+#define CODES_FP8_UNIT 256.0f
+static inline __attribute__((always_inline)) __m512 load_codes16(const uint8_t *p, const int kind) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)p);
+    if (kind == CACHE_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    const __m256i wide = _mm256_cvtepu8_epi16(bytes);
+    const __m256i half = _mm256_or_si256(
+        _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(0x3f80)),
+        _mm256_and_si256(_mm256_slli_epi16(wide, 8), _mm256_set1_epi16((short)0x8000)));
+    return _mm512_cvtph_ps(half);
+}
+
+/* The span over a cache of one-byte codes (`KIND` CACHE_INT8 or CACHE_FP8): the
+ * query in float32, each key row widened to float32 and its dot scaled once by
+ * the row's scale; each value row weighted by its score times its scale. Only
+ * `C` = head_dim / 16 and the kind are compile-time constants: the `group`
+ * query heads loop at run time, which costs little beside the widening and
+ * keeps the library's build short. */
+static inline __attribute__((always_inline)) void decode_span_avx512_codes(
+    const uint16_t *q, Cache k_cache, Cache v_cache, const int32_t *table, int64_t begin,
+    int64_t end, Partial part, int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
+    int64_t block_size, float scale, float *scores, const int64_t group, const int C,
+    const int KIND) {
+    const int64_t head_dim = 16 * C;
+    const int64_t len = end - begin;
+    const float unit = KIND == CACHE_FP8 ? CODES_FP8_UNIT : 1.0f;
+    const uint8_t *k_codes = k_cache.data, *v_codes = v_cache.data;
+    __m512 qf[MAX_GROUP][C];
+    for (int64_t g = 0; g < group; ++g) {
+        const uint16_t *src = q + (b * num_heads + kvh * group + g) * head_dim;
+        for (int c = 0; c < C; ++c)
+            qf[g][c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 16 * c))), 16));
+        part.top[g] = -INFINITY;
+    }
+    for (int64_t t = begin, n, slot; t < end; t += n) {
+        n = block_run(table, t, end, block_size, &slot);
+        int64_t row = slot * num_kv_heads + kvh;
+        for (int64_t i = 0; i < n; ++i, row += num_kv_heads) {
+            __m512 k[C];
+            for (int c = 0; c < C; ++c) k[c] = load_codes16(k_codes + row * head_dim + 16 * c, KIND);
+            const float row_scale = k_cache.scales[row] * scale * unit;
+            for (int64_t g = 0; g < group; ++g) {
+                __m512 p = _mm512_mul_ps(qf[g][0], k[0]);
+                for (int c = 1; c < C; ++c) p = _mm512_fmadd_ps(qf[g][c], k[c], p);
+                const float dot = _mm512_reduce_add_ps(p) * row_scale;
+                scores[g * len + t - begin + i] = dot;
+                part.top[g] = dot > part.top[g] ? dot : part.top[g];
+            }
+        }
+    }
+    softmax_rows(scores, len, group, part.top, part.total);
+    /* The values a pass of up to 16 / C heads at a time, whose accumulators stay
+     * in registers (constant indices once the heads loop unrolls). */
+    const int HEADS = 16 / C;
+    for (int64_t g0 = 0; g0 < group; g0 += HEADS) {
+        __m512 acc[16 / C][C];
+        for (int h = 0; h < HEADS; ++h)
+            for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
+        for (int64_t t = begin, n, slot; t < end; t += n) {
+            n = block_run(table, t, end, block_size, &slot);
+            int64_t row = slot * num_kv_heads + kvh;
+            for (int64_t i = 0; i < n; ++i, row += num_kv_heads) {
+                __m512 v[C];
+                for (int c = 0; c < C; ++c)
+                    v[c] = load_codes16(v_codes + row * head_dim + 16 * c, KIND);
+                const float row_scale = v_cache.scales[row] * unit;
+                for (int h = 0; h < HEADS; ++h) {
+                    if (g0 + h >= group) break;
+                    const __m512 w =
+                        _mm512_set1_ps(scores[(g0 + h) * len + t - begin + i] * row_scale);
+                    for (int c = 0; c < C; ++c) acc[h][c] = _mm512_fmadd_ps(w, v[c], acc[h][c]);
+                }
+            }
+        }
+        for (int h = 0; h < HEADS && g0 + h < group; ++h)
+            for (int c = 0; c < C; ++c)
+                _mm512_storeu_ps(part.acc + (g0 + h) * head_dim + 16 * c, acc[h][c]);
+    }
+}
+
 #define AVX512_CASE(G, C)                                                                    \
     case (G) * 100 + (C):                                                                    \
-        decode_span_avx512(q, k_cache, v_cache, table, begin, end, part, b, kvh, num_heads,  \
+        decode_span_avx512(q, k_bf16, v_bf16, table, begin, end, part, b, kvh, num_heads,    \
                            num_kv_heads, block_size, scale, scores, G, C);                   \
         return 1;
 #define AVX512_CASES(G) AVX512_CASE(G, 4) AVX512_CASE(G, 8)
+#define CODES_CASE(KIND, C)                                                                 \
+    case (KIND) * 100 + (C):                                                                \
+        decode_span_avx512_codes(q, k, v, table, begin, end, part, b, kvh, num_heads,       \
+                                 num_kv_heads, block_size, scale, scores,                   \
+                                 num_heads / num_kv_heads, C, KIND);                        \
+        return 1;
 
-/* 1 if a specialised kernel took this (G, head_dim), else 0. */
-static int decode_span_fast(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                            const int32_t *table, int64_t begin, int64_t end, Partial part,
-                            int64_t b, int64_t kvh, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, int64_t block_size, float scale, float *scores) {
+/* 1 if a specialised kernel took this (cache kind, G, head_dim), else 0. */
+static int decode_span_fast(const uint16_t *q, Cache k, Cache v, const int32_t *table,
+                            int64_t begin, int64_t end, Partial part, int64_t b, int64_t kvh,
+                            int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                            int64_t block_size, float scale, float *scores) {
+    if (head_dim % 16 || k.kind != v.kind) return 0;
+    if (k.kind == CACHE_INT8 || k.kind == CACHE_FP8) {
+        switch (k.kind * 100 + head_dim / 16) {
+            CODES_CASE(CACHE_INT8, 4) CODES_CASE(CACHE_INT8, 8)
+            CODES_CASE(CACHE_FP8, 4) CODES_CASE(CACHE_FP8, 8)
+        }
+        return 0;
+    }
+    if (k.kind != CACHE_BF16) return 0;
+    const uint16_t *k_bf16 = k.data, *v_bf16 = v.data;
     switch ((num_heads / num_kv_heads) * 100 + head_dim / 16) {
         AVX512_CASES(1) AVX512_CASES(2) AVX512_CASES(3) AVX512_CASES(4)
         AVX512_CASES(5) AVX512_CASES(6) AVX512_CASES(7) AVX512_CASES(8)
@@ -279,9 +436,10 @@ static int64_t spans_per_context(int64_t pairs, int num_threads, int64_t longest
  * MAX_HEAD_DIM, more than MAX_GROUP query heads per KV head, heads not a multiple of
  * KV heads), 2 when scratch memory could not be allocated. `portable` = 1 skips the
  * AVX512-BF16 path (so tests can check both on one machine); `spans` > 0 forces
- * that many spans per context (for tests), 0 chooses. `f32`: every tensor but the
- * tables holds float32, not bfloat16 (the portable path only). */
-static int paged_decode_any(const void *q, const void *k_cache, const void *v_cache,
+ * that many spans per context (for tests), 0 chooses. `f32`: q and out hold float32,
+ * not bfloat16; the caches hold what their kinds say (the AVX512-BF16 path takes
+ * bfloat16 throughout). */
+static int paged_decode_any(const void *q, Cache k_cache, Cache v_cache,
                             const int32_t *block_tables, int64_t max_blocks,
                             const int32_t *seq_lens, void *out, int64_t num_seqs,
                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -290,6 +448,7 @@ static int paged_decode_any(const void *q, const void *k_cache, const void *v_ca
     if (num_kv_heads < 1 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads ||
         num_heads / num_kv_heads > MAX_GROUP)
         return 1;
+    if (k_cache.kind == CACHE_FP8 || v_cache.kind == CACHE_FP8) fill_fp8_values();
 #ifndef __AVX512BF16__
     (void)portable; /* there is only the portable path */
 #endif
@@ -364,9 +523,10 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                      float *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                      int64_t head_dim, int64_t block_size, float scale, int num_threads,
                      int portable, int64_t spans) {
-    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
-                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-                            num_threads, portable, spans, 1);
+    const Cache k = {k_cache, NULL, CACHE_F32}, v = {v_cache, NULL, CACHE_F32};
+    return paged_decode_any(q, k, v, block_tables, max_blocks, seq_lens, out, num_seqs,
+                            num_heads, num_kv_heads, head_dim, block_size, scale, num_threads,
+                            portable, spans, 1);
 }
 
 /* Decode attention over a bfloat16 cache; see the top of this file for layouts (also
@@ -376,7 +536,95 @@ int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t
                       uint16_t *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                       int64_t head_dim, int64_t block_size, float scale, int num_threads,
                       int portable, int64_t spans) {
-    return paged_decode_any(q, k_cache, v_cache, block_tables, max_blocks, seq_lens, out,
-                            num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-                            num_threads, portable, spans, 0);
+    const Cache k = {k_cache, NULL, CACHE_BF16}, v = {v_cache, NULL, CACHE_BF16};
+    return paged_decode_any(q, k, v, block_tables, max_blocks, seq_lens, out, num_seqs,
+                            num_heads, num_kv_heads, head_dim, block_size, scale, num_threads,
+                            portable, spans, 0);
+}
+
+/* Decode attention over a cache of kind `cache_kind` (CACHE_*; `k_scales` and
+ * `v_scales` for the one-byte kinds, else NULL), q and out bfloat16 or, with
+ * `q_f32`, float32; see the top of this file for layouts. */
+int paged_decode_cache(const void *q, int q_f32, const void *k_cache, const void *v_cache,
+                       const float *k_scales, const float *v_scales, int cache_kind,
+                       const int32_t *block_tables, int64_t max_blocks, const int32_t *seq_lens,
+                       void *out, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_dim, int64_t block_size, float scale, int num_threads,
+                       int portable, int64_t spans) {
+    if (cache_kind < CACHE_BF16 || cache_kind > CACHE_FP8 ||
+        (cache_kind >= CACHE_INT8 && (k_scales == NULL || v_scales == NULL)))
+        return 1;
+    const Cache k = {k_cache, k_scales, cache_kind}, v = {v_cache, v_scales, cache_kind};
+    return paged_decode_any(q, k, v, block_tables, max_blocks, seq_lens, out, num_seqs,
+                            num_heads, num_kv_heads, head_dim, block_size, scale, num_threads,
+                            portable, spans, q_f32);
+}
+
+/* float32 `f` as fp8 e4m3fn bits, rounded to the nearest (ties to even), as
+ * torch converts: a magnitude of 480 or more becomes NaN (the cache's rows are
+ * scaled to at most 448 first). */
+static inline uint8_t float_to_fp8(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    const uint32_t sign = bits & 0x80000000u;
+    bits ^= sign;
+    uint8_t result;
+    if (bits >= (1087u << 20)) {
+        result = 0x7f;
+    } else if (bits < (121u << 23)) {
+        /* Below the normal range: adding 2**-6 * 2**8 lines the subnormal step up
+         * with float32's last mantissa bit, which the addition rounds to even. */
+        const uint32_t denorm = 141u << 23;
+        float a, m;
+        memcpy(&a, &bits, 4);
+        memcpy(&m, &denorm, 4);
+        a += m;
+        memcpy(&bits, &a, 4);
+        result = (uint8_t)(bits - denorm);
+    } else {
+        const uint32_t mantissa_odd = (bits >> 20) & 1;
+        bits += ((uint32_t)(7 - 127) << 23) + 0x7ffff;
+        bits += mantissa_odd;
+        result = (uint8_t)(bits >> 20);
+    }
+    return result | (uint8_t)(sign >> 24);
+}
+
+/* Quantize `count` tokens' rows (`rows` [count, KVH, D], bfloat16, or float32
+ * when `rows_f32`) and store them at `slots` of one layer's cache of kind
+ * `kind` (CACHE_INT8 or CACHE_FP8): `codes` [num_slots, KVH, D], `scales`
+ * [num_slots, KVH]. Each (token, KV head) row gets scale = its largest magnitude
+ * / the largest code, and codes = row / scale rounded, exactly as
+ * `kv_cache.quantize_rows` computes them. Returns 0, 1 for a kind or head_dim
+ * this does not take, 2 for a slot outside the cache (nothing is written then). */
+int kv_cache_store(const void *rows, int rows_f32, const int64_t *slots, int64_t count,
+                   int64_t num_kv_heads, int64_t head_dim, int64_t num_slots, int kind,
+                   void *codes, float *scales, int num_threads) {
+    if ((kind != CACHE_INT8 && kind != CACHE_FP8) || head_dim > MAX_HEAD_DIM) return 1;
+    for (int64_t t = 0; t < count; ++t)
+        if (slots[t] < 0 || slots[t] >= num_slots) return 2;
+    const float top = kind == CACHE_INT8 ? 127.0f : 448.0f;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (count * num_kv_heads > 8)
+    for (int64_t r = 0; r < count * num_kv_heads; ++r) {
+        const int64_t t = r / num_kv_heads, h = r % num_kv_heads;
+        float x[MAX_HEAD_DIM];
+        load_row(x, elem(rows, r * head_dim, rows_f32), head_dim, rows_f32);
+        float amax = 0.0f;
+        for (int64_t d = 0; d < head_dim; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+        const float s = amax / top, divisor = s > 0.0f ? s : 1.0f;
+        const int64_t row = slots[t] * num_kv_heads + h;
+        scales[row] = s;
+        if (kind == CACHE_INT8) {
+            int8_t *out = (int8_t *)codes + row * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) {
+                float q = nearbyintf(x[d] / divisor);
+                q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+                out[d] = (int8_t)q;
+            }
+        } else {
+            uint8_t *out = (uint8_t *)codes + row * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) out[d] = float_to_fp8(x[d] / divisor);
+        }
+    }
+    return 0;
 }

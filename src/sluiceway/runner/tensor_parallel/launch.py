@@ -65,6 +65,7 @@ def rank_spec(
         block_size=engine.block_size,
         num_blocks=engine.num_kv_blocks,
         kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
+        kv_cache_dtype=engine.kv_cache_dtype,
         torch_threads=threads,
         quantization=quantization,
     )

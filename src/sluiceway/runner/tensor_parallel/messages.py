@@ -39,7 +39,7 @@ class RankSpec:
     rank 0 hosts the store. `device` is "cpu" (gloo) or "cuda" (nccl, a GPU per
     rank by its local rank). The KV cache is `num_blocks` blocks when given, else
     what fits `kv_cache_bytes` on each rank (all ranks then take the smallest
-    count). `torch_threads` caps each rank's intra-op threads (None: torch's
+    count), stored as `kv_cache_dtype` says. `torch_threads` caps each rank's intra-op threads (None: torch's
     default). `quantization` is the linear slices' weight path (None, "int8" or
     "int4"), decided once for the split model (`quantization.py`).
 
@@ -55,6 +55,7 @@ class RankSpec:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
     torch_threads: int | None = None
     quantization: str | None = None
 

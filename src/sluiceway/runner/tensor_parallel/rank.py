@@ -153,7 +153,10 @@ def _build_shard(spec: RankSpec, rank: int, device: torch.device, cpu_group) -> 
         block_size=spec.block_size,
         num_blocks=spec.num_blocks,
         kv_cache_bytes=spec.kv_cache_bytes,
-        attention=select_attention_backend(spec.attention_backend, device.type),
+        kv_cache_dtype=spec.kv_cache_dtype,
+        attention=select_attention_backend(
+            spec.attention_backend, device.type, kv_cache_dtype=spec.kv_cache_dtype
+        ),
         cpu_group=cpu_group,
         quantization=spec.quantization,
     )

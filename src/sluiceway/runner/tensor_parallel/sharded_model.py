@@ -94,7 +94,8 @@ class ShardRunner:
     counterpart of `TorchModelRunner` without sampling (rank 0 samples) and
     without decode graphs. The KV cache holds `num_blocks` blocks when given,
     else as many as fit `kv_cache_bytes` on every rank (the smallest count is
-    agreed over `cpu_group`, which must be a gloo group). `quantization` is the
+    agreed over `cpu_group`, which must be a gloo group), stored as
+    `kv_cache_dtype` says. `quantization` is the
     weight path of every rank's linear slices (None, "int8" or "int4"; CPU only)."""
 
     def __init__(
@@ -108,6 +109,7 @@ class ShardRunner:
         block_size: int,
         num_blocks: int | None,
         kv_cache_bytes: int | None,
+        kv_cache_dtype: str = "auto",
         attention: Callable[[KVCache], AttentionBackend] | None = None,
         group: dist.ProcessGroup | None = None,
         cpu_group: dist.ProcessGroup | None = None,
@@ -137,6 +139,7 @@ class ShardRunner:
             num_blocks=num_blocks,
             kv_cache_bytes=kv_cache_bytes,
             agree=smallest_over_ranks,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self.attention: AttentionBackend = (attention or TorchAttention)(self.kv_cache)
 
