@@ -124,9 +124,11 @@ def load_bundle(
         ranks = _start_ranks(loaded, model, engine, device, choice.quantization)
         return ModelBundle(loaded, ranks, quantization=choice.quantization)
     from_blocks = (
-        choice.quantization == "int4"
+        choice.quantization in ("int4", "int8")
         and loaded.read_options is not None
-        and servable_from_blocks(loaded.hf_config, loaded.state_dict())
+        and servable_from_blocks(
+            loaded.hf_config, loaded.state_dict(), choice.quantization, loaded.dtype
+        )
     )
     logger.info("%s: %s", loaded.name, stored_types_report(loaded, choice.quantization, from_blocks))
     runner = _build_runner(loaded, model, engine, device, attention, choice.quantization, from_blocks)
@@ -204,10 +206,11 @@ def _build_runner(
     from_blocks: bool,
 ) -> TorchModelRunner:
     """The runner over `loaded`'s weights, read one at a time. `from_blocks`: the
-    int4 layer linears are packed from the GGUF's stored 4-bit blocks
+    layer linears stored in blocks their path takes as they are (4-bit blocks on
+    int4, Q8_0 on int8) are packed from the GGUF's blocks
     (`checkpoint.stored_int4`) rather than read as values and quantized again."""
     from sluiceway.runner.checkpoint.heap import loading_heap
-    from sluiceway.runner.checkpoint.stored_int4 import StoredInt4
+    from sluiceway.runner.checkpoint.stored_int4 import StoredBlocks
     from sluiceway.runner.decode_graphs import default_batch_sizes
     from sluiceway.runner.loading import ModelLoadError
     from sluiceway.runner.model_runner import TorchModelRunner
@@ -224,7 +227,7 @@ def _build_runner(
                 kv_cache_bytes=None if engine.num_kv_blocks else engine.kv_cache_memory_bytes,
                 cuda_graphs=False if model.enforce_eager else None,
                 graph_batch_sizes=default_batch_sizes(engine.max_num_seqs),
-                stored=StoredInt4(loaded.hf_config, loaded.state_dict(), loaded.dtype)
+                stored=StoredBlocks(loaded.hf_config, loaded.state_dict(), loaded.dtype)
                 if from_blocks
                 else None,
                 dense_copies=model.dense_weight_copies,

@@ -155,6 +155,59 @@ def test_int8_is_the_integer_arithmetic_it_promises(level, shape, rows):
         _check(kernel.int8_dot(x, packed, level_cap=level), exact, magnitude, dtype)
 
 
+def _int8_blocks(out_features: int, in_features: int, seed: int):
+    """Q8_0's codes and float16 d per block of 32, of very different sizes from
+    block to block (the case a scale per row would requantize)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8)
+    d = torch.rand(out_features, in_features // 32, generator=gen) * 0.01
+    d *= torch.logspace(-3, 0, in_features // 32)
+    return q, d.half()
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_int8_blocks_are_the_integer_arithmetic_they_promise(level, rows):
+    """A scale per row and block (GGUF's Q8_0 as stored): per block, d * dx *
+    (exact integer sum of q * xq)."""
+    q, d = _int8_blocks(40, 96, seed=rows)
+    packed = kernel.pack_int8_block_tiles(q, d)
+    assert packed.scale_format == kernel.SCALES_F16
+    assert packed.nbytes == 3 * 3 * (512 + 32)  # 34 bytes a row and block, as the file
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _rows(rows, 96, dtype, seed=30 + rows)
+        xq, dx, _ = _reference_quantize(x)
+        prods = torch.einsum(
+            "mbi,obi->mob", xq.double().view(rows, 3, 32), q.double().view(-1, 3, 32)
+        )
+        terms = prods * dx.double()[:, None, :] * d.double()[None]
+        _check(
+            kernel.int8_dot(x, packed, level_cap=level), terms.sum(-1), terms.abs().sum(-1), dtype
+        )
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
+def test_int8_blocks_unpack_to_the_stored_values(level):
+    """q * d, exact in float32 (a 7-bit code times an 11-bit mantissa), rounded
+    once to bfloat16; whole, by row range and by row id."""
+    q, d = _int8_blocks(40, 64, seed=9)
+    packed = kernel.pack_int8_block_tiles(q, d)
+    values = q.float() * d.float().repeat_interleave(32, 1)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(kernel.unpack(packed, dtype, level_cap=level), values.to(dtype))
+        assert torch.equal(
+            kernel.unpack(packed, dtype, (16, 40), level_cap=level), values[16:].to(dtype)
+        )
+        ids = torch.tensor([39, 0, 17])
+        assert torch.equal(
+            kernel.unpack_rows(packed, ids, dtype, level_cap=level), values[ids].to(dtype)
+        )
+    with pytest.raises(ValueError, match="divisible by 32"):
+        kernel.pack_int8_block_tiles(q[:, :48], d[:, :1])
+    with pytest.raises(ValueError, match="float16 scales"):
+        kernel.pack_int8_block_tiles(q, d.float())
+
+
 @pytest.mark.parametrize("level", LEVELS, ids=LEVEL_IDS)
 def test_products_stay_within_activation_quantization_of_the_float_product(level):
     """Against the float product of the stored weights: the int8 activations are
@@ -165,9 +218,12 @@ def test_products_stay_within_activation_quantization_of_the_float_product(level
     weight4 += offsets.double().repeat_interleave(32, 1)
     q8, scales8 = _int8(33, 70, seed=4)
     weight8 = q8.double() * scales8.double()[:, None]
+    qb, db = _int8_blocks(33, 64, seed=4)
+    weightb = qb.double() * db.double().repeat_interleave(32, 1)
     for packed, weight in (
         (kernel.pack_int4_tiles(q, scales, offsets, torch.bfloat16), weight4),
         (kernel.pack_int8_tiles(q8, scales8), weight8),
+        (kernel.pack_int8_block_tiles(qb, db), weightb),
     ):
         x = _rows(4, weight.shape[1], torch.float32, seed=5)
         got = kernel.int8_dot(x, packed, level_cap=level).double()

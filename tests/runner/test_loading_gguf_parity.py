@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from family_models import BASE
 from gguf_files import VOCAB_SIZE, write_gguf
+from greedy_rounds import greedy_rounds
 from sluiceway.runner.checkpoint.reference import transformers_module
 from sluiceway.runner.loading import load_model
 from sluiceway.runner.model_runner import TorchModelRunner
@@ -57,7 +58,9 @@ def _unpermute(data: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _greedy(loaded, prompt, hf_greedy_fn, greedy_driver_cls) -> tuple[list[int], list[int]]:
-    reference = transformers_module(loaded.hf_config, loaded.state_dict(), torch_dtype=torch.float32)
+    reference = transformers_module(
+        loaded.hf_config, loaded.state_dict(), torch_dtype=torch.float32
+    )
     want = hf_greedy_fn(reference, prompt, NEW_TOKENS)
     runner = TorchModelRunner.from_loaded(loaded, quantization=None, block_size=4, num_blocks=32)
     return greedy_driver_cls(runner).generate([prompt], NEW_TOKENS)[0], want
@@ -79,8 +82,13 @@ def test_a_gguf_serves_its_stored_weights_and_their_greedy_tokens(
             torch.testing.assert_close(weights.tensor(key), tensor, rtol=0, atol=0, msg=key)
     else:  # the stored blocks' values, bit for bit, in transformers' row order
         heads = model.config.num_attention_heads
-        o_name, q_name = "model.layers.1.self_attn.o_proj.weight", "model.layers.1.self_attn.q_proj.weight"
-        assert torch.equal(weights.tensor(o_name), torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+        o_name, q_name = (
+            "model.layers.1.self_attn.o_proj.weight",
+            "model.layers.1.self_attn.q_proj.weight",
+        )
+        assert torch.equal(
+            weights.tensor(o_name), torch.from_numpy(_stored(path, "blk.1.attn_output.weight"))
+        )
         if family != "phi3":
             q = _stored(path, "blk.1.attn_q.weight")
             q = _unpermute(q, heads) if family == "llama" else q
@@ -224,10 +232,64 @@ def test_q4_0_layers_keep_the_files_scales_and_size_in_bfloat16(tmp_path):
     o = layer.o.quantized
     assert o.tiled is not None and o.tiled.scale_format == int8_dot.SCALES_F16
     assert o.tiled.nbytes == layer.o.out_features * layer.o.in_features // 32 * 18
-    assert torch.equal(o.values(torch.float32), torch.from_numpy(_stored(path, "blk.1.attn_output.weight")))
+    assert torch.equal(
+        o.values(torch.float32), torch.from_numpy(_stored(path, "blk.1.attn_output.weight"))
+    )
     q = _unpermute(_stored(path, "blk.1.attn_q.weight"), model.config.num_attention_heads)
     qkv = layer.qkv.quantized.values(torch.float32)
     assert torch.equal(qkv[: q.shape[0]], torch.from_numpy(q))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_q8_0_layers_keep_the_files_codes_and_scales(tmp_path, tied, hf_greedy_fn):
+    """On the int8 path a Q8_0 file is served as it holds its weights: every
+    block's codes and float16 d in the int8 kernels' tiles (`SCALES_F16`, 34
+    bytes per 32 weights like the file), the layers', the head's and the token
+    rows' values the stored ones bit for bit (q and k back in transformers' row
+    order), where one scale a row would requantize them; and the model
+    generates what transformers generates from those values."""
+    from sluiceway.config import EngineConfig, ModelConfig
+    from sluiceway.model_engine import load_bundle
+    from sluiceway.runner.native import int8_dot
+
+    if not int8_dot.integer_level():
+        pytest.skip("Q8_0 blocks are served as stored where int8_dot runs in integers")
+    model = _model("llama", tie_word_embeddings=tied)
+    path = tmp_path / "tiny-llama.Q8_0.gguf"
+    write_gguf(model, path, Q.Q8_0, embedding_type=Q.Q8_0)
+    bundle = load_bundle(
+        ModelConfig(model=str(path), dtype="bfloat16", quantization="int8"),
+        EngineConfig(num_kv_blocks=16),
+        progress=False,
+    )
+    runner = bundle.runner
+    layer = runner.model.layers[1]
+    o = layer.o.quantized
+    assert o.tiled is not None and o.tiled.bits == 8 and o.tiled.scale_format == int8_dot.SCALES_F16
+    assert o.tiled.nbytes == layer.o.out_features * layer.o.in_features // 32 * 34
+    assert torch.equal(
+        o.values(torch.float32), torch.from_numpy(_stored(path, "blk.1.attn_output.weight"))
+    )
+    q = _unpermute(_stored(path, "blk.1.attn_q.weight"), model.config.num_attention_heads)
+    qkv = layer.qkv.quantized.values(torch.float32)
+    assert torch.equal(qkv[: q.shape[0]], torch.from_numpy(q))
+    embedding = torch.from_numpy(_stored(path, "token_embd.weight"))
+    head = embedding if tied else torch.from_numpy(_stored(path, "output.weight"))
+    assert torch.equal(runner.model.lm_head.quantized.values(torch.float32), head)
+    assert runner.model.embed is None and runner.model.embed_rows is not None
+    ids = torch.tensor([3, 0, 99])
+    assert torch.equal(
+        int8_dot.unpack_rows(runner.model.embed_rows, ids, torch.float32), embedding[ids]
+    )
+    # The greedy tokens of transformers over the same stored values, in float32.
+    loaded = load_model(str(path), dtype="float32", progress=False)
+    reference = transformers_module(
+        loaded.hf_config, loaded.state_dict(), torch_dtype=torch.float32
+    )
+    prompt = loaded.tokenizer("The capital of France is")["input_ids"]
+    want = hf_greedy_fn(reference, prompt, NEW_TOKENS)
+    [run] = greedy_rounds(runner, [prompt], max_new=NEW_TOKENS, budget=512)
+    assert list(run.tokens[0]) == want
 
 
 @pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=["Q4_0", "Q4_1", "Q4_K"])
@@ -247,7 +309,7 @@ def test_stored_blocks_pack_into_the_tiles_their_codes_give(tmp_path, kind, monk
     def packed(dtype, available: bool):
         monkeypatch.setattr(int8_dot, "available", lambda: available)
         loaded = load_model(str(path), dtype=dtype, progress=False)
-        stored = stored_int4.StoredInt4(loaded.hf_config, loaded.state_dict(), loaded.dtype)
+        stored = stored_int4.StoredBlocks(loaded.hf_config, loaded.state_dict(), loaded.dtype)
         tiles = [stored.rows("embed"), stored.rows("layers.0.q.weight")]
         if dtype == "bfloat16":
             for names in (["q", "k", "v"], ["gate", "up"]):
@@ -303,7 +365,9 @@ def test_projections_stored_in_more_bits_keep_them_on_the_int4_path(
         chunk = ScheduledChunk(0, prompt, 0, list(range(4)), True, SamplingParams(temperature=0.0))
         return served.forward_logits(StepBatch(chunks=(chunk,)))[0].float()
 
-    module = transformers_module(reference.hf_config, reference.state_dict(), torch_dtype=torch.float32)
+    module = transformers_module(
+        reference.hf_config, reference.state_dict(), torch_dtype=torch.float32
+    )
     with torch.no_grad():
         want = module(torch.tensor([prompt])).logits[0, -1]
     with monkeypatch.context() as patched:
@@ -350,7 +414,9 @@ def test_the_tokenizer_is_the_one_auto_tokenizer_builds(tmp_path, family, monkey
         )
     calls = []
     real = AutoTokenizer.from_pretrained
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(
+        AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
     gguf_metadata._tokenizer(path, config)
     assert calls == []
     (tmp_path / "tokenizer_config.json").write_text("{}")
@@ -375,7 +441,9 @@ def test_q4_k_blocks_decode_as_gguf_py_decodes_them():
     torch.testing.assert_close(blocks.values(), torch.from_numpy(want), rtol=1e-6, atol=1e-7)
 
 
-def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(tmp_path, hf_greedy_fn, greedy_driver_cls):
+def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(
+    tmp_path, hf_greedy_fn, greedy_driver_cls
+):
     """Q4_K layers are int4 straight from their blocks (the codes and scales as
     stored, no float round trip); the Q6_K attn_v and ffn_down of the mix are
     int8, with the q and k fused beside v."""
@@ -397,10 +465,16 @@ def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(tmp_path, hf_
         progress=False,
     )
     layer = bundle.runner.model.layers[1]
-    assert isinstance(layer.o.quantized, Int4Weight) and isinstance(layer.gate_up.quantized, Int4Weight)
-    assert isinstance(layer.qkv.quantized, Int8Weight) and isinstance(layer.down.quantized, Int8Weight)
+    assert isinstance(layer.o.quantized, Int4Weight) and isinstance(
+        layer.gate_up.quantized, Int4Weight
+    )
+    assert isinstance(layer.qkv.quantized, Int8Weight) and isinstance(
+        layer.down.quantized, Int8Weight
+    )
     stored = torch.from_numpy(_stored(path, "blk.1.attn_output.weight"))
-    torch.testing.assert_close(layer.o.quantized.values(torch.float32), stored, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        layer.o.quantized.values(torch.float32), stored, rtol=1e-6, atol=1e-7
+    )
     gate = torch.from_numpy(_stored(path, "blk.1.ffn_gate.weight"))
     gate_up = layer.gate_up.quantized.values(torch.float32)
     torch.testing.assert_close(gate_up[: gate.shape[0]], gate, rtol=1e-6, atol=1e-7)
@@ -408,7 +482,9 @@ def test_a_q4_k_m_mix_serves_q4_k_from_its_blocks_and_q6_k_on_int8(tmp_path, hf_
 
 def test_the_start_up_line_says_what_each_stored_type_became(tmp_path):
     """The log line of stored types: 4-bit layers and embedding from their
-    blocks, the layers stored in more bits on int8 and what is fused with them."""
+    blocks, the layers stored in more bits on int8 (Q8_0 from its blocks where
+    the int8 tiles serve bfloat16) and what is fused with them."""
+    from sluiceway.runner.checkpoint.stored_int4 import int8_blocks_served
     from sluiceway.runner.checkpoint.type_report import stored_types_report
 
     model = _model("llama")
@@ -426,5 +502,11 @@ def test_the_start_up_line_says_what_each_stored_type_became(tmp_path):
         "Q4_0 output head (1) -> int4 from the stored blocks",
         f"Q4_0 layer linears ({6 * layers}) -> int4 from the stored blocks, int8 where fused "
         "with a part stored in more bits",
-        f"Q8_0 layer linears ({layers}) -> int8 (dequantized, requantized), its stored bits kept",
+        f"Q8_0 layer linears ({layers}) -> int8 "
+        + (
+            "from the stored blocks"
+            if int8_blocks_served(torch.bfloat16)
+            else "(dequantized, requantized)"
+        )
+        + ", its stored bits kept",
     }

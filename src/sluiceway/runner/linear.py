@@ -169,17 +169,22 @@ def _positive_in(dtype: torch.dtype, scales: torch.Tensor) -> torch.Tensor:
 
 @attrs.frozen
 class Int8Weight:
-    """Symmetric per-output-row int8: `w ~= q * scales[:, None]`."""
+    """Symmetric per-output-row int8: `w ~= q * scales[:, None]`; or, with `scales`
+    None, tiles with a scale per row and block of 32 (a checkpoint's Q8_0 blocks
+    as stored, `int8_dot.pack_int8_block_tiles`)."""
 
     # int8 [out, in]; None once `tiled` holds the same values (nothing else reads it).
     q: torch.Tensor | None
-    scales: torch.Tensor  # [out], the activation dtype
+    scales: torch.Tensor | None  # [out], the activation dtype; None: in the tiles
     # The same values in `int8_dot`'s layout, packed at construction where that
     # kernel runs (see `_tiles_wanted`); None elsewhere.
     tiled: TiledWeight | None = attrs.field(default=None, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.scales is None and self.tiled is None:
+            raise ValueError("an int8 weight without row scales needs its block tiles")
         if self.tiled is None and self.q is not None and self.q.dim() == 2:
+            assert self.scales is not None
             if _tiles_wanted(self.scales):
                 object.__setattr__(self, "tiled", pack_int8_tiles(self.q, self.scales))
         if self.tiled is not None:
@@ -190,7 +195,7 @@ class Int8Weight:
         dense copy): `int8_dot`'s tiles, or float32's native kernel."""
         if self.tiled is not None:
             return True
-        assert self.q is not None
+        assert self.q is not None and self.scales is not None
         return (
             self.scales.dtype == torch.float32
             and self.q.shape[1] % 32 == 0
@@ -201,7 +206,7 @@ class Int8Weight:
         """The weight's values `[out, in]` in `dtype`: what `quantize` returned."""
         if self.tiled is not None:
             return int8_dot_kernel.unpack(self.tiled, dtype)
-        assert self.q is not None
+        assert self.q is not None and self.scales is not None
         return (self.q * self.scales.float()[:, None]).to(dtype)
 
     @classmethod
@@ -233,7 +238,7 @@ class Int8Weight:
         y = _tiled_matmul(self.tiled, x)
         if y is not None:
             return y
-        assert self.q is not None
+        assert self.q is not None and self.scales is not None
         if x.dtype is torch.float32:
             y = int8_matmul_f32(x, self.q, self.scales)
             if y is not None:

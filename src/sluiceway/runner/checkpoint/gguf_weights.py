@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from sluiceway.runner.checkpoint.block_codes import (
     INT4_BLOCK_TYPES,
@@ -110,6 +111,27 @@ class GGUFTensor:
         kind = ROW_PACKED_INT4[self.stored.ggml_type]
         return addresses, np.full(last - first, kind, dtype=np.uint8)
 
+    def q8_0_blocks(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored codes (int8 `[rows, cols]`) and block scales (float16 `[rows,
+        cols / 32]`) of the rows `index` selects, in transformers' row order (the
+        tensor must be Q8_0: w = q * d per block of 32), copied out of the mapping."""
+        if self.stored.ggml_type != GGMLQuantizationType.Q8_0:
+            raise ValueError(f"{self.stored.name} is {self.type_name}, not Q8_0")
+        first, last, rest = row_range(self.shape, index)
+        if rest and rest != (slice(None),):
+            raise IndexError("Q8_0 blocks are read by whole rows")
+        blocks = self.stored.blocks()
+        if self.transform in (Transform.UNPERMUTE_Q, Transform.UNPERMUTE_K):
+            order = np.asarray(unpermute_order(blocks.shape[0], self.heads), dtype=np.int64)
+            rows = blocks[order[first:last]]
+        else:
+            rows = blocks[first:last]
+        raw = np.ascontiguousarray(rows).reshape(last - first, -1, 34)
+        scales = torch.from_numpy(np.ascontiguousarray(raw[..., :2]).view(np.float16)[..., 0])
+        codes = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8))
+        self.read(index)
+        return codes.reshape(last - first, -1), scales
+
     def read(self, index: Any) -> None:
         """Count the rows `index` selects as read (progress; the file's pages of a
         tensor read whole are let go)."""
@@ -195,6 +217,10 @@ class StackedExperts:
 
     def int4_blocks(self, index: Any) -> Int4Blocks:
         return Int4Blocks.stacked([part.int4_blocks(i) for part, i in self._parts(index)])
+
+    def q8_0_blocks(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [part.q8_0_blocks(i) for part, i in self._parts(index)]
+        return torch.cat([c for c, _ in parts]), torch.cat([d for _, d in parts])
 
     def int4_rows(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
         parts = [part.int4_rows(i) for part, i in self._parts(index)]

@@ -60,8 +60,8 @@ class DecoderModel:
         dense_copies: bool = False,
     ) -> None:
         """`weights` are canonical (`models.weights`); `from_checkpoint` maps a
-        transformers state dict onto them. `stored` gives int4 linears the
-        checkpoint's own blocks (`checkpoint.stored_int4`); `dense_copies` keeps a
+        transformers state dict onto them. `stored` gives int4 and int8 linears
+        the checkpoint's own blocks (`checkpoint.stored_int4`); `dense_copies` keeps a
         dense copy beside every quantized weight, for faster calls of many rows
         (`linear.Linear`'s `dense_copy`) at several times the memory."""
         self.architecture: Architecture = family_for(config).architecture(config)
@@ -76,9 +76,9 @@ class DecoderModel:
         # llama.cpp serves it, and an embedding stored so is looked up in its
         # blocks (`int8_dot.unpack_rows`), never held as values; tied, both are
         # one copy, the head's tiles.
-        if quantization != "int4":
+        if quantization not in ("int4", "int8"):
             stored = None
-        stored_head = None if stored is None else stored(["embed" if tied else "lm_head"])
+        stored_head = None if stored is None else stored(["embed" if tied else "lm_head"], None)
         self.embed_rows: TiledWeight | None = None
         if tied and stored_head is not None and stored_head.tiled is not None:
             self.embed_rows = stored_head.tiled

@@ -10,7 +10,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from sluiceway.runner.linear import Int4Weight, Linear
+from sluiceway.runner.linear import Int4Weight, Int8Weight, Linear
 from sluiceway.runner.models.architecture import Architecture
 from sluiceway.runner.models.experts import Expert, Experts
 from sluiceway.runner.native.int8_dot import TiledWeight
@@ -44,10 +44,13 @@ def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Te
 
 
 class StoredQuantized(Protocol):
-    """A checkpoint's own quantized weights (`checkpoint.stored_int4.StoredInt4`)."""
+    """A checkpoint's own quantized weights (`checkpoint.stored_int4.StoredBlocks`)."""
 
-    def __call__(self, names: list[str]) -> Int4Weight | None:
-        """The fused weight of a linear's canonical part names, or None."""
+    def __call__(
+        self, names: list[str], quantization: str | None = "int4"
+    ) -> Int4Weight | Int8Weight | None:
+        """The fused weight of a linear's canonical part names as path
+        `quantization` (None: either) takes it stored, or None."""
 
     def rows(self, name: str) -> TiledWeight | None:
         """Weight `name` packed for reading rows back (the embedding), or None."""
@@ -81,15 +84,15 @@ class Weights:
         row_absmax: str | None = None,
     ) -> Linear:
         """The `Linear` of the fused weights `names` (and biases `bias_names`):
-        from the checkpoint's own int4 blocks where `quantization` is int4 and it
-        stores them, else quantized here as `quantization` says, but on int8
+        from the checkpoint's own blocks where `quantization` takes them as
+        stored (int4: Q4_0/Q4_1/Q4_K; int8: Q8_0), else quantized here as `quantization` says, but on int8
         where int4 would hold fewer bits than the checkpoint stores (a Q4_K_M
         GGUF's Q6_K projections: `stored_bits_path`)."""
         bias = self.fused(bias_names, required=False) if bias_names else None
         if quantization == "int4" and self.stored_bits_path(names) == "int8":
             quantization = "int8"
-        if quantization == "int4" and self.stored is not None:
-            stored = self.stored(names)
+        if quantization in ("int4", "int8") and self.stored is not None:
+            stored = self.stored(names, quantization)
             if stored is not None:
                 return Linear.from_quantized(
                     stored, self._dtype, bias, dense_copy=self.dense_copies
@@ -148,9 +151,7 @@ class Weights:
         return torch.cat(parts, dim=0).contiguous()  # type: ignore[arg-type]
 
 
-def layer_weights(
-    arch: Architecture, w: Weights, i: int, quantization: str | None
-) -> LayerWeights:
+def layer_weights(arch: Architecture, w: Weights, i: int, quantization: str | None) -> LayerWeights:
     p = f"layers.{i}."
     q = quantization
 

@@ -65,6 +65,7 @@ def _projection(linear: Linear) -> tuple[int, torch.Tensor, torch.Tensor | None]
         return 4, quantized.native, None
     if (
         isinstance(quantized, Int8Weight)
+        and quantized.scales is not None
         and quantized.scales.dtype == linear.dtype
         and quantized.q is not None
         and quantized.q.is_contiguous()

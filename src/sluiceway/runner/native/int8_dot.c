@@ -33,11 +33,15 @@
  * Group g of row r adds scale * dx * (sum (q - 8) * xq) + offset * dx * sum xq, the
  * integer sums exact, with dx the activations' block scale.
  * int8, per tile (w = q * scale[o], `Int8Weight`'s values, the input padded with
- * zero columns to a multiple of 32):
+ * zero columns to a multiple of 32; scale format 4):
  *   per block b of 32 inputs, 512 bytes: piece c = 0..7 is 64 bytes; byte 4r + j
  *              holds q[r, 32b + 4c + j] + 128 (unsigned, for vpdpbusd)
  *   scales     16 float32, one per row, after the last block
  * Row r adds dx * (sum (q + 128) * xq - 128 * sum xq) per block, times its scale.
+ * int8 in blocks (scale format SCALES_F16: w = q * d[o, b], GGUF's Q8_0 as stored,
+ * its codes and float16 d; the input a multiple of 32): per block the same 512
+ * code bytes, then the 16 rows' d of that block, 544 bytes for 16 rows like the
+ * file's 34 a row; row r adds d * dx * (sum (q + 128) * xq - 128 * sum xq).
  *
  * ISA levels (`int8_dot_best_level`; a caller may ask for a lower one to test it):
  * 3 AVX512-VNNI, 2 AVX-VNNI, 1 AVX2, 0 portable C. Every x86 level is compiled
@@ -89,7 +93,14 @@ static int64_t int4_group_bytes(int scale_format) {
 
 /* Bytes of one tile. */
 static int64_t int4_tile_bytes(int64_t k, int scale_format) { return (k / BLOCK) * int4_group_bytes(scale_format); }
-static int64_t int8_tile_bytes(int64_t k) { return ((k + BLOCK - 1) / BLOCK) * 512 + 4 * TILE; }
+/* int8: scale_format 4, one float32 scale a row after the blocks; SCALES_F16,
+ * float16 scales after each block's codes. */
+static int int8_format_known(int scale_format) { return scale_format == 4 || scale_format == SCALES_F16; }
+static int64_t int8_block_bytes(int scale_format) { return scale_format == SCALES_F16 ? 512 + 2 * TILE : 512; }
+static int64_t int8_tile_bytes(int64_t k, int scale_format) {
+    return ((k + BLOCK - 1) / BLOCK) * int8_block_bytes(scale_format) +
+           (scale_format == SCALES_F16 ? 0 : 4 * TILE);
+}
 
 /* ---- activations ---------------------------------------------------------------- */
 
@@ -284,11 +295,12 @@ static void int4_tile_scalar(const Quantized *a, int64_t r0, int rows, const uin
 }
 
 static void int8_tile_scalar(const Quantized *a, int64_t r0, int rows, const uint8_t *w,
-                             float *acc) {
-    const int64_t blocks = a->blocks;
+                             int scale_format, float *acc) {
+    const int64_t blocks = a->blocks, stride = int8_block_bytes(scale_format);
+    const int in_blocks = scale_format == SCALES_F16;
     memset(acc, 0, sizeof(float) * (size_t)(rows * TILE));
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t *piece = w + b * 512;
+        const uint8_t *piece = w + b * stride;
         for (int r = 0; r < rows; ++r) {
             const int8_t *x = a->xq + (r0 + r) * blocks * BLOCK + b * BLOCK;
             const float d = a->dx[(r0 + r) * blocks + b];
@@ -296,10 +308,11 @@ static void int8_tile_scalar(const Quantized *a, int64_t r0, int rows, const uin
                 int32_t sum = 0;
                 for (int c = 0; c < 8; ++c)
                     for (int j = 0; j < 4; ++j) sum += (piece[64 * c + 4 * t + j] - 128) * x[4 * c + j];
-                acc[r * TILE + t] += (float)sum * d;
+                acc[r * TILE + t] += (float)sum * (in_blocks ? scale_at(piece + 512, t, SCALES_F16) * d : d);
             }
         }
     }
+    if (in_blocks) return;
     const uint8_t *scales = w + blocks * 512;
     for (int r = 0; r < rows; ++r)
         for (int t = 0; t < TILE; ++t) acc[r * TILE + t] *= scale_at(scales, t, 4);
@@ -370,13 +383,15 @@ static AVX512 void int4_tile_512(const Quantized *a, int64_t r0, const int rows,
 }
 
 static AVX512 void int8_tile_512(const Quantized *a, int64_t r0, const int rows,
-                                 const uint8_t *w, float *out) {
-    const int64_t blocks = a->blocks;
+                                 const uint8_t *w, int scale_format, float *out) {
+    const int64_t blocks = a->blocks, stride = int8_block_bytes(scale_format);
+    const int in_blocks = scale_format == SCALES_F16;
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t *piece = w + b * 512;
-        for (int c = 0; c < 8; ++c) _mm_prefetch((const char *)(piece + 4 * 512 + 64 * c), _MM_HINT_T0);
+        const uint8_t *piece = w + b * stride;
+        for (int c = 0; c < 8; ++c) _mm_prefetch((const char *)(piece + 4 * stride + 64 * c), _MM_HINT_T0);
+        if (in_blocks) _mm_prefetch((const char *)(piece + 4 * stride + 512), _MM_HINT_T0);
         /* Two chains of vpdpbusd for one row (its latency, not its throughput,
          * bounds a single chain); one per row for more rows, whose chains
          * interleave anyway and whose registers run out with two. */
@@ -390,12 +405,19 @@ static AVX512 void int8_tile_512(const Quantized *a, int64_t r0, const int rows,
                 sum[r][c % chains] = _mm512_dpbusd_epi32(sum[r][c % chains], bytes, _mm512_set1_epi32(load_i32(x + 4 * c)));
             }
         }
+        const __m512 block_scales = in_blocks ? load_scales512(piece + 512, SCALES_F16) : _mm512_setzero_ps();
         for (int r = 0; r < rows; ++r) {
             const int64_t at = (r0 + r) * blocks + b;
             const __m512i total = _mm512_sub_epi32(_mm512_add_epi32(sum[r][0], sum[r][1]),
                                                    _mm512_set1_epi32(128 * a->sx[at]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(a->dx[at]), acc[r]);
+            const __m512 d = _mm512_set1_ps(a->dx[at]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total),
+                                     in_blocks ? _mm512_mul_ps(block_scales, d) : d, acc[r]);
         }
+    }
+    if (in_blocks) {
+        for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * TILE, acc[r]);
+        return;
     }
     const __m512 scales = _mm512_loadu_ps(w + blocks * 512);
     for (int r = 0; r < rows; ++r) _mm512_storeu_ps(out + r * TILE, _mm512_mul_ps(acc[r], scales));
@@ -480,15 +502,16 @@ static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
     }                                                                                            \
                                                                                                  \
     static ATTR void int8_tile_##SUFFIX(const Quantized *a, int64_t r0, const int rows,          \
-                                        const uint8_t *w, float *out) {                          \
-        const int64_t blocks = a->blocks;                                                        \
+                                        const uint8_t *w, int scale_format, float *out) {         \
+        const int64_t blocks = a->blocks, stride = int8_block_bytes(scale_format);              \
+        const int in_blocks = scale_format == SCALES_F16;                                        \
         const __m256i flip = _mm256_set1_epi8((char)0x80);                                       \
         __m256 acc[MAX_ROWS][2];                                                                 \
         for (int r = 0; r < rows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();              \
         for (int64_t b = 0; b < blocks; ++b) {                                                   \
-            const uint8_t *piece = w + b * 512;                                                  \
+            const uint8_t *piece = w + b * stride;                                               \
             for (int c = 0; c < 8; ++c)                                                          \
-                _mm_prefetch((const char *)(piece + 4 * 512 + 64 * c), _MM_HINT_T0);             \
+                _mm_prefetch((const char *)(piece + 4 * stride + 64 * c), _MM_HINT_T0);          \
             for (int h = 0; h < 2; ++h) {                                                        \
                 __m256i sum[MAX_ROWS];                                                           \
                 for (int r = 0; r < rows; ++r) sum[r] = _mm256_setzero_si256();                  \
@@ -505,15 +528,26 @@ static AVXVNNI __m256i dot_avxvnni(__m256i sum, __m256i w, __m256i x) {
                                       : DOT(sum[r], magnitude, _mm256_sign_epi8(xs, q));         \
                     }                                                                            \
                 }                                                                                \
+                const __m256 block_scales = in_blocks                                            \
+                    ? load_scales256(piece + 512 + 16 * h, SCALES_F16) : _mm256_setzero_ps();     \
                 for (int r = 0; r < rows; ++r) {                                                 \
                     const int64_t at = (r0 + r) * blocks + b;                                    \
                     const __m256i total =                                                        \
                         VNNI ? _mm256_sub_epi32(sum[r], _mm256_set1_epi32(128 * a->sx[at]))      \
                              : sum[r];                                                           \
+                    const __m256 d = _mm256_set1_ps(a->dx[at]);                                  \
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total),                       \
-                                                _mm256_set1_ps(a->dx[at]), acc[r][h]);           \
+                                                in_blocks ? _mm256_mul_ps(block_scales, d) : d,  \
+                                                acc[r][h]);                                      \
                 }                                                                                \
             }                                                                                    \
+        }                                                                                        \
+        if (in_blocks) {                                                                         \
+            for (int r = 0; r < rows; ++r) {                                                     \
+                _mm256_storeu_ps(out + r * TILE, acc[r][0]);                                     \
+                _mm256_storeu_ps(out + r * TILE + 8, acc[r][1]);                                 \
+            }                                                                                    \
+            return;                                                                              \
         }                                                                                        \
         const float *scales = (const float *)(w + blocks * 512);                                 \
         for (int r = 0; r < rows; ++r) {                                                         \
@@ -542,16 +576,16 @@ TILES_256(avxvnni, AVXVNNI, dot_avxvnni, 1)
         }                                                                                        \
     }                                                                                            \
     __attribute__((target(TARGET))) static void int8_rows_##SUFFIX(                             \
-        const Quantized *a, int64_t r0, int rows, const uint8_t *w, float *out) {                \
+        const Quantized *a, int64_t r0, int rows, const uint8_t *w, int sb, float *out) {        \
         switch (rows) {                                                                          \
-            case 1: int8_tile_##SUFFIX(a, r0, 1, w, out); break;                                 \
-            case 2: int8_tile_##SUFFIX(a, r0, 2, w, out); break;                                 \
-            case 3: int8_tile_##SUFFIX(a, r0, 3, w, out); break;                                 \
-            case 4: int8_tile_##SUFFIX(a, r0, 4, w, out); break;                                 \
-            case 5: int8_tile_##SUFFIX(a, r0, 5, w, out); break;                                 \
-            case 6: int8_tile_##SUFFIX(a, r0, 6, w, out); break;                                 \
-            case 7: int8_tile_##SUFFIX(a, r0, 7, w, out); break;                                 \
-            default: int8_tile_##SUFFIX(a, r0, 8, w, out); break;                                \
+            case 1: int8_tile_##SUFFIX(a, r0, 1, w, sb, out); break;                             \
+            case 2: int8_tile_##SUFFIX(a, r0, 2, w, sb, out); break;                             \
+            case 3: int8_tile_##SUFFIX(a, r0, 3, w, sb, out); break;                             \
+            case 4: int8_tile_##SUFFIX(a, r0, 4, w, sb, out); break;                             \
+            case 5: int8_tile_##SUFFIX(a, r0, 5, w, sb, out); break;                             \
+            case 6: int8_tile_##SUFFIX(a, r0, 6, w, sb, out); break;                             \
+            case 7: int8_tile_##SUFFIX(a, r0, 7, w, sb, out); break;                             \
+            default: int8_tile_##SUFFIX(a, r0, 8, w, sb, out); break;                            \
         }                                                                                        \
     }
 
@@ -566,41 +600,43 @@ static void tile(int bits, int level, const Quantized *a, int64_t r0, int rows, 
 #if X86
     if (level == LEVEL_AVX512VNNI) {
         if (bits == 4) int4_rows_512(a, r0, rows, w, scale_format, out);
-        else int8_rows_512(a, r0, rows, w, out);
+        else int8_rows_512(a, r0, rows, w, scale_format, out);
         return;
     }
     if (level == LEVEL_AVXVNNI) {
         if (bits == 4) int4_rows_avxvnni(a, r0, rows, w, scale_format, out);
-        else int8_rows_avxvnni(a, r0, rows, w, out);
+        else int8_rows_avxvnni(a, r0, rows, w, scale_format, out);
         return;
     }
     if (level == LEVEL_AVX2) {
         if (bits == 4) int4_rows_avx2(a, r0, rows, w, scale_format, out);
-        else int8_rows_avx2(a, r0, rows, w, out);
+        else int8_rows_avx2(a, r0, rows, w, scale_format, out);
         return;
     }
 #else
     (void)level;
 #endif
     if (bits == 4) int4_tile_scalar(a, r0, rows, w, scale_format, out);
-    else int8_tile_scalar(a, r0, rows, w, out);
+    else int8_tile_scalar(a, r0, rows, w, scale_format, out);
 }
 
 /* y [m, out] (bfloat16 if y_bf16, else float32) = x [m, k] (bfloat16 if x_bf16) times
  * the packed weight's transpose. `bits` 4 (k a multiple of 32, `scale_format` one of the
- * SCALES_ formats)
- * or 8; `level` is capped at the best this CPU runs. Returns 0, 1 for arguments it
+ * SCALES_ formats) or 8 (`scale_format` 4, a scale a row, or SCALES_F16, a scale a
+ * block, k a multiple of 32); `level` is capped at the best this CPU runs. Returns 0, 1 for arguments it
  * does not take, 2 when scratch memory ran out. Runs to completion once called. */
 int int8_dot(int bits, const void *x, int x_bf16, int64_t m, int64_t k, const uint8_t *w,
              int64_t out, int scale_format, void *y, int y_bf16, int level, int num_threads) {
     if (m < 1 || k < 1 || out < 1 || (bits != 4 && bits != 8)) return 1;
     if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
+    if (bits == 8 && (!int8_format_known(scale_format) || (scale_format == SCALES_F16 && k % BLOCK)))
+        return 1;
     const int best = int8_dot_best_level();
     if (level > best) level = best;
     Quantized a;
     if (quantize(x, x_bf16, m, k, level, &a)) return 2;
     const int64_t tiles = (out + TILE - 1) / TILE;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k, scale_format);
 #pragma omp parallel num_threads(num_threads)
     {
         int64_t t, end;
@@ -643,13 +679,15 @@ static void unpack_tile(int bits, const uint8_t *w, int64_t k, int scale_format,
     float scale[64], offset[64], lo[64], hi[64];
     uint16_t lo16[64], hi16[64];
     const int64_t blocks = (k + BLOCK - 1) / BLOCK;
-    const int64_t stride = bits == 4 ? int4_group_bytes(scale_format) : 512;
-    if (bits == 8) {
+    const int64_t stride = bits == 4 ? int4_group_bytes(scale_format) : int8_block_bytes(scale_format);
+    if (bits == 8 && scale_format != SCALES_F16) {
         const uint8_t *scales = w + blocks * 512;
         for (int i = 0; i < 64; ++i) scale[i] = scale_at(scales, i / 4, 4);
     }
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t *piece = w + b * stride;
+        if (bits == 8 && scale_format == SCALES_F16)
+            for (int i = 0; i < 64; ++i) scale[i] = scale_at(piece + 512, i / 4, SCALES_F16);
         if (bits == 4) {
             for (int i = 0; i < 64; ++i) {
                 scale[i] = scale_at(piece + 256, i / 4, scale_format);
@@ -776,7 +814,9 @@ int int8_dot_unpack(int bits, const uint8_t *w, int64_t out, int64_t k, int scal
     if (k < 1 || out < 1 || rows < 0 || row0 < 0 || row0 % TILE || row0 + rows > out) return 1;
     if (bits != 4 && bits != 8) return 1;
     if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
+    if (bits == 8 && (!int8_format_known(scale_format) || (scale_format == SCALES_F16 && k % BLOCK)))
+        return 1;
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k, scale_format);
     const int64_t first = row0 / TILE, tiles = (rows + TILE - 1) / TILE;
     const size_t value_bytes = y_bf16 ? 2 : 4;
 #pragma omp parallel num_threads(num_threads)
@@ -802,9 +842,11 @@ int int8_dot_unpack_rows(int bits, const uint8_t *w, int64_t out, int64_t k, int
     if (level > int8_dot_best_level()) level = int8_dot_best_level();
     if (k < 1 || out < 1 || n < 0 || (bits != 4 && bits != 8)) return 1;
     if (bits == 4 && (k % BLOCK || !int4_format_known(scale_format))) return 1;
+    if (bits == 8 && (!int8_format_known(scale_format) || (scale_format == SCALES_F16 && k % BLOCK)))
+        return 1;
     for (int64_t i = 0; i < n; ++i)
         if (ids[i] < 0 || ids[i] >= out) return 1;
-    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k);
+    const int64_t tile_bytes = bits == 4 ? int4_tile_bytes(k, scale_format) : int8_tile_bytes(k, scale_format);
     const size_t value_bytes = y_bf16 ? 2 : 4;
 #pragma omp parallel num_threads(n > 1 ? num_threads : 1)
     {
@@ -963,10 +1005,10 @@ void int8_dot_quantize_rows(const void *w, int w_bf16, int64_t rows, int64_t k, 
  * scales `scales` [rows] (float32): per tile of 16 rows, for each block of 32
  * inputs its 8 pieces of 4 bytes, each piece the 16 rows' bytes q + 128, then the
  * tile's 16 scales; inputs past k are the unsigned 128 (zero), rows past the last
- * are 128 with scale 0. `out` holds int8_tile_bytes(k) a tile. */
+ * are 128 with scale 0. `out` holds int8_tile_bytes(k, 4) a tile. */
 void int8_dot_pack_int8(const int8_t *q, const float *scales, int64_t rows, int64_t k,
                         uint8_t *out, int num_threads) {
-    const int64_t blocks = (k + BLOCK - 1) / BLOCK, tile_bytes = int8_tile_bytes(k);
+    const int64_t blocks = (k + BLOCK - 1) / BLOCK, tile_bytes = int8_tile_bytes(k, 4);
     const int64_t tiles = (rows + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (tiles > 1)
     for (int64_t t = 0; t < tiles; ++t) {

@@ -101,7 +101,9 @@ class TiledWeight:
     bits: int
     out_features: int
     in_features: int
-    scale_format: int  # int4: SCALES_F16, SCALES_BF16 or SCALES_F32 (int8: 4)
+    # int4: SCALES_F16, SCALES_BF16 or SCALES_F32; int8: 4 (a float32 scale a row)
+    # or SCALES_F16 (a float16 scale a block of 32: GGUF's Q8_0 as stored)
+    scale_format: int
 
     @property
     def nbytes(self) -> int:
@@ -147,7 +149,9 @@ def pack_int4_nibble_tiles(
     if scale_format is None:
         raise ValueError(f"int4 tile scales are float16, bfloat16 or float32, not {scale_dtype}")
     if (offsets is None) != (scale_format == SCALES_F16):
-        raise ValueError("int4 tiles hold offsets with bfloat16 or float32 scales only, and need them")
+        raise ValueError(
+            "int4 tiles hold offsets with bfloat16 or float32 scales only, and need them"
+        )
     tiles = -(-out_features // TILE)
     groups = in_features // BLOCK
     words = _pad_rows(nibbles.contiguous(), tiles * TILE).view(torch.int32)
@@ -185,7 +189,9 @@ def pack_q4_rows(
     rows = rows_at.shape[0]
     scale_format = _SCALE_FORMATS[scale_dtype]
     tiles = -(-rows // TILE)
-    data = torch.empty((tiles, in_features // BLOCK * int4_group_bytes(scale_format)), dtype=torch.uint8)
+    data = torch.empty(
+        (tiles, in_features // BLOCK * int4_group_bytes(scale_format)), dtype=torch.uint8
+    )
     status = _lib().int8_dot_pack_q4(
         rows_at.ctypes.data, kinds.ctypes.data, rows, in_features, scale_format, data.data_ptr(),
         torch.get_num_threads(),
@@ -253,6 +259,39 @@ def pack_int8_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
     )
 
 
+def pack_int8_block_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
+    """The layout of the weight `q * scales` per block of 32 inputs (`q` int8
+    `[out, in]` in -127..127, `in` a multiple of 32; `scales` float16 `[out, in /
+    32]`: GGUF's Q8_0 codes and d as stored), `SCALES_F16`: 34 bytes a row and
+    block, as in the file."""
+    out_features, in_features = q.shape
+    if in_features % BLOCK:
+        raise ValueError(
+            f"int8 block tiles need input features divisible by {BLOCK}, not {in_features}"
+        )
+    if scales.dtype != torch.float16 or scales.shape != (out_features, in_features // BLOCK):
+        raise ValueError("int8 block tiles take float16 scales, one per row and block of 32")
+    tiles = -(-out_features // TILE)
+    blocks = in_features // BLOCK
+    biased = (q.to(torch.int16) + 128).to(torch.uint8)
+    biased = torch.cat(  # padding rows: the unsigned 128 (zero) with scale 0
+        [biased, torch.full((tiles * TILE - out_features, in_features), 128, dtype=torch.uint8)]
+    )
+    # (tile, row, block, piece, byte) -> (tile, block, piece, row, byte)
+    codes = (
+        biased.view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 512)
+    )
+    block_scales = _pad_rows(scales, tiles * TILE).view(tiles, TILE, blocks).transpose(1, 2)
+    data = torch.cat([codes, block_scales.contiguous().view(torch.uint8)], dim=2)
+    return TiledWeight(
+        data=data.reshape(tiles, -1),
+        bits=8,
+        out_features=out_features,
+        in_features=in_features,
+        scale_format=SCALES_F16,
+    )
+
+
 def takes(x: torch.Tensor) -> bool:
     """Whether the kernel takes `x`: contiguous bfloat16 or float32 CPU rows."""
     return (
@@ -314,7 +353,9 @@ def unpack(
         level() if level_cap is None else min(level(), level_cap), torch.get_num_threads(),
     )  # fmt: skip
     if status:
-        raise ValueError(f"cannot unpack rows {start}..{stop} of a {weight.out_features}-row weight")
+        raise ValueError(
+            f"cannot unpack rows {start}..{stop} of a {weight.out_features}-row weight"
+        )
     return y
 
 
