@@ -2,8 +2,10 @@
 
 Float tensors are converted as stored; Q4_0/Q4_1/Q4_K/Q8_0 are decoded with
 torch (`block_codes`; Q4_K bit for bit as gguf-py decodes it, many times
-faster); every other block type with `gguf.quants.dequantize`, in
-chunks of rows, so a tensor is never held in float32 whole beside its result.
+faster), Q6_K in C (`native.block_values`, bit for bit too, a Q4_K_M's head and
+half its attn_v and ffn_down); every other block type with
+`gguf.quants.dequantize`, in chunks of rows, so a tensor is never held in
+float32 whole beside its result.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sluiceway.runner.checkpoint.block_codes import (
 )
 from sluiceway.runner.checkpoint.errors import CheckpointError
 from sluiceway.runner.checkpoint.gguf_file import StoredTensor
+from sluiceway.runner.native.block_values import q6_k_values
 
 # Elements dequantized per chunk: 16 MB of float32.
 _CHUNK_ELEMENTS = 1 << 22
@@ -72,6 +75,10 @@ def _decode(
         return blocks.values()
     if kind == GGMLQuantizationType.Q8_0:
         return q8_0_values(data, rows)
+    if kind == GGMLQuantizationType.Q6_K:
+        decoded = q6_k_values(data, rows)
+        if decoded is not None:
+            return decoded
     try:
         values = quants.dequantize(data, kind)
     except NotImplementedError:
