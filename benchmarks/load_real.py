@@ -288,10 +288,11 @@ def measure(
     llama_server: Path | None = None,
     context: int = 0,
     llama_args: tuple[str, ...] = (),
+    sluiceway_args: tuple[str, ...] = (),
 ) -> dict:
-    """Start a server on `path` (`sluiceway serve`, or llama.cpp's `llama_server`
-    with a KV cache of `context` tokens); its start-up numbers and one stream's
-    decode rate (see the module docstring)."""
+    """Start a server on `path` (`sluiceway serve` with `sluiceway_args` more, or
+    llama.cpp's `llama_server` with a KV cache of `context` tokens); its start-up
+    numbers and one stream's decode rate (see the module docstring)."""
     if cold:
         cold = _drop_caches()
     else:
@@ -306,7 +307,7 @@ def measure(
     env = dict(os.environ, SLUICEWAY_CACHE_DIR=str(cache))
     command = [
         sys.executable, "-m", "sluiceway.cli", "serve", "--model", str(path), "--port", str(port),
-        "--kv-cache-memory", kv_cache, "--served-model-name", "m",
+        "--kv-cache-memory", kv_cache, "--served-model-name", "m", *sluiceway_args,
     ]  # fmt: skip
     ready_path = "/v1/models"
     if llama_server is not None:
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", type=Path, default=None,
                         help="llama.cpp's llama-server: also start it on each file, with a KV cache "
                         "of as many tokens as --kv-cache-memory holds")  # fmt: skip
+    parser.add_argument("--sluiceway-args", default="",
+                        help="more arguments for sluiceway serve, e.g. --kv-cache-dtype int8")  # fmt: skip
     parser.add_argument("--llama-server-args", default="",
                         help="more arguments for llama-server, e.g. --no-repack")  # fmt: skip
     args = parser.parse_args(argv)
@@ -399,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                     cold=args.cold,
                     kv_cache=args.kv_cache_memory,
                     timeout=args.timeout,
+                    sluiceway_args=tuple(args.sluiceway_args.split()),
                 )
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -39,8 +39,20 @@ def _runner(
     fused: bool,
     quantization: str | None = "int4",
     dtype: torch.dtype = torch.bfloat16,
+    kv_cache_dtype: str = "auto",
 ) -> TorchModelRunner:
-    runner = make_runner(hf_model, num_blocks=32, dtype=dtype, quantization=quantization)
+    if kv_cache_dtype == "auto":
+        runner = make_runner(hf_model, num_blocks=32, dtype=dtype, quantization=quantization)
+    else:
+        runner = TorchModelRunner(
+            hf_model.config,
+            hf_model.state_dict(),
+            dtype=dtype,
+            block_size=4,
+            num_blocks=32,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+        )
     runner.model.fuse_one_token_steps = fused
     return runner
 
@@ -99,12 +111,46 @@ def test_fused_steps_give_the_python_loops_logits_bit_for_bit(
     finally:
         linear.use_int8_activation_kernels(None)
     if tiles:
-        assert all(getattr(layer.qkv.quantized, "tiled", None) for layer in runners[True].model.layers)
-    logits = {fused: _decode_logits(runners[fused], prompt, 12, used[fused]) for fused in (False, True)}
+        assert all(
+            getattr(layer.qkv.quantized, "tiled", None) for layer in runners[True].model.layers
+        )
+    logits = {
+        fused: _decode_logits(runners[fused], prompt, 12, used[fused]) for fused in (False, True)
+    }
     # The prefill runs the loop either way; every one-token step after it is fused.
     assert used[True] == [True] * 12 and not any(used[False])
     for python_loop, fused in zip(logits[False], logits[True], strict=True):
         assert torch.equal(python_loop, fused)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_fused_steps_over_a_quantized_cache_give_the_python_loops_logits(
+    tiny_qwen2, dtype, kv_cache_dtype
+):
+    """An int8 or fp8 KV cache (`--kv-cache-dtype`): the C step quantizes this
+    token's k and v into it and reads the codes back as the Python loop does, bit
+    for bit, on int8_dot's tiles and the dtype's default kernels alike."""
+    prompt = [5, 17, 99, 4, 203, 76, 31]
+    used: dict[bool, list[int]] = {False: [], True: []}
+    runners = {
+        fused: _runner(
+            tiny_qwen2, fused=fused, quantization="int8", dtype=dtype, kv_cache_dtype=kv_cache_dtype
+        )
+        for fused in (False, True)
+    }
+    assert runners[True].kv_cache.format.name == kv_cache_dtype
+    logits = {
+        fused: _decode_logits(runners[fused], prompt, 12, used[fused]) for fused in (False, True)
+    }
+    assert used[True] == [True] * 12 and not any(used[False])
+    for python_loop, fused in zip(logits[False], logits[True], strict=True):
+        assert torch.equal(python_loop, fused)
+    # The codes really are read: the same model over a plain cache differs.
+    plain = _decode_logits(
+        _runner(tiny_qwen2, fused=True, quantization="int8", dtype=dtype), prompt, 12, []
+    )
+    assert not torch.equal(plain[-1], logits[True][-1])
 
 
 @needs_bf16_kernels

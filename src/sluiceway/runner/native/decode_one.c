@@ -39,6 +39,8 @@ enum {
     DOWN = GATE_UP + 4,
     K_CACHE = DOWN + 4,
     V_CACHE,
+    K_SCALES, /* a quantized cache's scales (paged_decode.c's CACHE_INT8 or _FP8), else 0 */
+    V_SCALES,
     POINTERS_PER_LAYER
 };
 

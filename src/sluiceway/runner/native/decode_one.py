@@ -26,7 +26,10 @@ if TYPE_CHECKING:
     from sluiceway.runner.models.layer import LayerWeights
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_ARGTYPES = [_P, _P, _I] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N, _N]
+_ARGTYPES = [_P, _P, _I] + [_I] * 5 + [_P, _P, _P, _I, _P, _I, _P, _I, _F, _F, _N, _N, _N]
+# paged_decode.c's CACHE_ kinds of the caches the step takes: the model's dtype,
+# or int8 / fp8 codes with their scales.
+_CACHE_KINDS = {"bfloat16": 0, "float32": 1, "int8": 2, "fp8": 3}
 TILED = 16  # decode_one.c's flag for int8_dot's tiles
 _ERRORS = {
     1: "shapes the native kernels do not take",
@@ -107,6 +110,7 @@ class OneTokenDecode:
         self._num_slots = kv_cache.num_blocks * kv_cache.block_size
         self._block_size = kv_cache.block_size
         self._kv_cache = kv_cache
+        self._cache_kind = _CACHE_KINDS[kv_cache.format.name]
 
     @classmethod
     def build(
@@ -115,13 +119,17 @@ class OneTokenDecode:
         """The fused step for this model and cache, or None unless the kernels take its
         heads, every projection is int4 or int8 in a form the kernels take (see
         `_projection`), the norms, biases and caches are contiguous CPU tensors
-        of one dtype (bfloat16 or float32), the model's other kernels are the native
+        of one dtype (bfloat16 or float32), the caches hold that dtype or int8 /
+        fp8 codes (`--kv-cache-dtype`), the model's other kernels are the native
         ones (`eligible`) and the library builds here."""
+        cache_format = kv_cache.format
+        plain = kv_cache.stores_compute_dtype
         if (
             not eligible
             or not layers
             or not _kernels_take(shape)
-            or not kv_cache.stores_compute_dtype  # it reads and writes plain rows
+            # plain rows of the model's dtype, or codes with their scales
+            or not (plain or cache_format.quantized)
         ):
             return None
         tensors: list[torch.Tensor] = []
@@ -139,8 +147,18 @@ class OneTokenDecode:
                 if linear.bias is not None:
                     tensors.append(linear.bias)
             caches = [kv_cache.key_caches[i], kv_cache.value_caches[i]]
-            row += [_ptr(cache) for cache in caches]
-            tensors += caches
+            cache_scales = [
+                None if kv_cache.key_scales is None else kv_cache.key_scales[i],
+                None if kv_cache.value_scales is None else kv_cache.value_scales[i],
+            ]
+            row += [_ptr(cache) for cache in caches] + [_ptr(t) for t in cache_scales]
+            if plain:
+                tensors += caches
+            elif not all(
+                t is not None and t.device.type == "cpu" and t.is_contiguous()
+                for t in [*caches, *cache_scales]
+            ):
+                return None
             pointers.append(row)
         dtype = tensors[0].dtype
         if (
@@ -150,6 +168,7 @@ class OneTokenDecode:
                 for t in tensors
             )
             or any(layer.qkv.dtype != dtype for layer in layers)
+            or cache_format.compute != dtype
         ):
             return None
         fn = _function(dtype)
@@ -205,6 +224,7 @@ class OneTokenDecode:
             eps,
             torch.get_num_threads(),
             int8_dot.level(),
+            self._cache_kind,
         )
         if status:
             raise RuntimeError(f"the one-token decode step failed: {_ERRORS.get(status, status)}")

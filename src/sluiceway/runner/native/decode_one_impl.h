@@ -34,7 +34,10 @@ static int NAME(matvec)(const T *x, int64_t in, const int64_t *layer, int which,
  * each projection with its bits (int8_dot's tiles with their scale format, run at
  * ISA `level`, or int4 ones with scales of type T).
  * `cos`, `sin` [head_dim] (sin's first half negated); `slot` where this token's k/v
- * go; `table` [max_blocks] and `seq_len` its context after this token. Returns 0, 1
+ * go; `table` [max_blocks] and `seq_len` its context after this token. The caches
+ * hold T, or, with `cache_kind` CACHE_INT8 or CACHE_FP8, codes with the scales of
+ * each layer's K_SCALES and V_SCALES: the rotated k and the v are then quantized
+ * into them as `kv_cache_store` does for the Python loop. Returns 0, 1
  * for shapes the kernels do not take, 2 when memory ran out, 3 for a slot outside
  * the cache, 4 for a context longer than its table. */
 int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers,
@@ -42,16 +45,21 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers,
                     int64_t head_dim, int64_t intermediate, const T *cos,
                     const T *sin, const int64_t *slot, int64_t num_slots,
                     const int32_t *table, int64_t max_blocks, const int32_t *seq_len,
-                    int64_t block_size, float scale, float eps, int num_threads, int level) {
+                    int64_t block_size, float scale, float eps, int num_threads, int level,
+                    int cache_kind) {
     if (*seq_len < 1 || *seq_len > max_blocks * block_size) return 4;
+    const int quantized = cache_kind == CACHE_INT8 || cache_kind == CACHE_FP8;
     const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
     const int64_t qkv_size = q_size + 2 * kv_size;
-    /* x, qkv, q, attention, projection, gate_up, activation */
-    const int64_t floats = hidden_size + qkv_size + 2 * q_size + hidden_size + 3 * intermediate;
+    /* x, qkv, q, attention, projection, gate_up, activation, this token's k and v */
+    const int64_t floats =
+        hidden_size + qkv_size + 2 * q_size + hidden_size + 3 * intermediate + 2 * kv_size;
     T *buffer = malloc(sizeof(T) * (size_t)floats);
     if (buffer == NULL) return 2;
     T *x = buffer, *qkv = x + hidden_size, *q = qkv + qkv_size, *attn = q + q_size;
     T *proj = attn + q_size, *gate_up = proj + hidden_size, *act = gate_up + 2 * intermediate;
+    T *kv_row = act + intermediate;
+    const int64_t row_zero = 0;
     int status = 0;
     NAME(rms_norm)(hidden, (const T *)(intptr_t)layers[INPUT_NORM], x, 1, hidden_size, eps,
                   num_threads);
@@ -60,16 +68,39 @@ int NAME(decode_one)(T *hidden, const int64_t *layers, int64_t num_layers,
         T *k_cache = (T *)(intptr_t)layer[K_CACHE];
         T *v_cache = (T *)(intptr_t)layer[V_CACHE];
         if ((status = NAME(matvec)(x, hidden_size, layer, QKV, qkv_size, qkv, level, num_threads))) break;
-        const int rope = NAME(rope_cache)(qkv, cos, sin, slot, q, k_cache, v_cache, 1, num_heads,
+        /* A quantized cache: k and v rotated into a one-slot scratch first. */
+        const int rope =
+            quantized ? NAME(rope_cache)(qkv, cos, sin, &row_zero, q, kv_row, kv_row + kv_size, 1,
+                                         num_heads, num_kv_heads, head_dim, 1, num_threads)
+                      : NAME(rope_cache)(qkv, cos, sin, slot, q, k_cache, v_cache, 1, num_heads,
                                          num_kv_heads, head_dim, num_slots, num_threads);
         if (rope) {
             status = rope == 2 ? 3 : 1;
             break;
         }
-        if ((status = NAME(paged_decode)(q, k_cache, v_cache, table, max_blocks, seq_len, attn, 1,
-                                   num_heads, num_kv_heads, head_dim, block_size, scale,
-                                   num_threads, 0, 0)))
+        if (quantized) {
+            float *k_scales = (float *)(intptr_t)layer[K_SCALES];
+            float *v_scales = (float *)(intptr_t)layer[V_SCALES];
+            const int f32 = sizeof(T) == 4;
+            int stored = kv_cache_store(kv_row, f32, slot, 1, num_kv_heads, head_dim, num_slots,
+                                        cache_kind, k_cache, k_scales, num_threads);
+            if (stored == 0)
+                stored = kv_cache_store(kv_row + kv_size, f32, slot, 1, num_kv_heads, head_dim,
+                                        num_slots, cache_kind, v_cache, v_scales, num_threads);
+            if (stored) {
+                status = stored == 2 ? 3 : 1;
+                break;
+            }
+            if ((status = paged_decode_cache(q, f32, k_cache, v_cache, k_scales, v_scales,
+                                             cache_kind, table, max_blocks, seq_len, attn, 1,
+                                             num_heads, num_kv_heads, head_dim, block_size, scale,
+                                             num_threads, 0, 0)))
+                break;
+        } else if ((status = NAME(paged_decode)(q, k_cache, v_cache, table, max_blocks, seq_len,
+                                                attn, 1, num_heads, num_kv_heads, head_dim,
+                                                block_size, scale, num_threads, 0, 0))) {
             break;
+        }
         if ((status = NAME(matvec)(attn, q_size, layer, O, hidden_size, proj, level, num_threads))) break;
         NAME(add_rms_norm)(hidden, proj, (const T *)(intptr_t)layer[POST_NORM], x, 1,
                           hidden_size, eps, num_threads);
