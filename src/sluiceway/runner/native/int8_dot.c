@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "bf16_math.h"
+#include "half_math.h"
 #include "thread_rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -220,29 +221,6 @@ static int quantize(const void *x, int x_bf16, int64_t m, int64_t k, int level, 
 }
 
 static void release(Quantized *a) { free(a->xq), free(a->dx), free(a->sx); }
-
-/* IEEE half -> float, exactly (subnormals, infinities and NaN included). */
-static inline float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
-    if (exponent == 0x1f) {
-        bits = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        exponent = 113;
-        while (!(mantissa & 0x400u)) {
-            mantissa <<= 1;
-            --exponent;
-        }
-        bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* Scale (or offset) i at `p`, in `scale_format`'s type, as a float. */
 static inline float scale_at(const uint8_t *p, int i, int scale_format) {
