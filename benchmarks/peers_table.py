@@ -15,6 +15,9 @@ per-row int8 holds Q8_0, reads a little less); the bandwidth is the best of ten
 torch sums over 2 GiB on every core, more than any cache holds (over 256 MB
 this machine's caches doubled the figure).
 
+After the table, a plot of output tok/s, a bar per server and level in text (a
+fenced block that renders in docs/benchmarks.md as it prints).
+
 RESULTS_DIR holds `<server>-<streams>.json` (guidellm's `--output kind=json`).
 Output tok/s is every request's output tokens (completed, and cut off by the
 end of the level) over the level's duration, so a level in which no request
@@ -97,6 +100,34 @@ def bound_line(bound: dict[str, float], figures: dict[str, float] | None, server
     )
 
 
+BAR_WIDTH = 48
+
+
+def bars(figures: dict[tuple[str, int], dict[str, float] | None], levels: list[int]) -> list[str]:
+    """Output tok/s of each server at each level as text bars, all to one scale
+    (the longest is BAR_WIDTH characters; a level with no report says so)."""
+    rates = [f["tok_s"] for f in figures.values() if f is not None]
+    top = max(rates, default=0.0) or 1.0
+    lines = ["```", f"output tok/s (the longest bar: {top:.1f})"]
+    for n in levels:
+        for s in SERVERS:
+            f = figures[s, n]
+            label = f"{n:>3} streams {s:<9}"
+            if f is None:
+                lines.append(f"{label} (no report)")
+                continue
+            eighths = round(8 * BAR_WIDTH * f["tok_s"] / top)
+            bar = (
+                "\u2588" * (eighths // 8)
+                + ("", "\u258f", "\u258e", "\u258d", "\u258c", "\u258b", "\u258a", "\u2589")[
+                    eighths % 8
+                ]
+            )
+            lines.append(f"{label} {bar} {f['tok_s']:.1f}")
+    lines.append("```")
+    return lines
+
+
 def _cell(figures: dict[str, float] | None, key: str, fmt: str) -> str:
     if figures is None or key not in figures:
         return "-"
@@ -123,6 +154,8 @@ def main(directory: str) -> None:
                 f"| {_cell(f, 'itl_p50', '.1f')} | {_cell(f, 'itl_p99', '.1f')} |"
             )
     print()
+    print("\n".join(bars(figures, levels)))
+    print()
     for n in levels:
         ours, theirs = figures["sluiceway", n], figures["llama.cpp", n]
         if ours and theirs and theirs["tok_s"]:
@@ -136,7 +169,9 @@ def main(directory: str) -> None:
         for s in SERVERS:
             for name in (f"bound-{s}.json", "bound.json"):
                 if (root / name).is_file():
-                    lines.append(bound_line(json.loads((root / name).read_text()), figures[s, 1], s))
+                    lines.append(
+                        bound_line(json.loads((root / name).read_text()), figures[s, 1], s)
+                    )
                     break
         if lines:
             print()
