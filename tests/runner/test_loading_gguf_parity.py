@@ -510,3 +510,40 @@ def test_the_start_up_line_says_what_each_stored_type_became(tmp_path):
         )
         + ", its stored bits kept",
     }
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "model_cls", "extra"),
+    [
+        *[(c, m, f) for c, m, f in FAMILIES.values()],
+        ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+        ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16)),
+        ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=16)),
+    ],
+    ids=[*FAMILIES, "llama-tied", "gemma2", "gemma3_text"],
+)
+def test_the_config_read_through_the_fast_header_reader_is_transformers_own(
+    tmp_path, config_cls, model_cls, extra
+):
+    """A GGUF's config built by transformers' legacy reader over transformers'
+    fast header reader (`gguf_metadata._header_reader`, seconds faster for a
+    large vocabulary) equals the one over gguf-py's reader, field for field, and
+    gguf-py's reader is back in place after."""
+    import gguf
+    from transformers import AutoConfig
+
+    from sluiceway.runner.checkpoint.gguf_metadata import _header_reader
+
+    config = getattr(transformers, config_cls)(**{**BASE, "vocab_size": VOCAB_SIZE, **extra})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    path = tmp_path / "tiny.gguf"
+    write_gguf(model, path)
+    original = gguf.GGUFReader
+    with _header_reader():
+        assert gguf.GGUFReader is not original
+        fast = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name, local_files_only=True)
+    assert gguf.GGUFReader is original
+    legacy = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name, local_files_only=True)
+    assert fast.model_type == legacy.model_type
+    assert fast.to_dict() == legacy.to_dict()

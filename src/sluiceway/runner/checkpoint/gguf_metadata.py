@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +67,8 @@ def config_and_tokenizer(file: GGUFFile) -> tuple[Any, Any]:
             shutil.rmtree(entry, ignore_errors=True)
     kwargs: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
     try:
-        config = AutoConfig.from_pretrained(path.parent, **kwargs)
+        with _header_reader():
+            config = AutoConfig.from_pretrained(path.parent, **kwargs)
     except Exception as exc:
         raise CheckpointError(f"{path}: metadata general.architecture: {_first_line(exc)}") from None
     if file.parts > 1:
@@ -81,6 +84,83 @@ def config_and_tokenizer(file: GGUFFile) -> tuple[Any, Any]:
     if entry is not None:
         _save(entry, config, tokenizer)
     return config, tokenizer
+
+
+class _Field:
+    """One metadata value in the shape gguf-py's `ReaderField` gives it to
+    transformers' legacy GGUF reader: `parts[i]` for each `i` of `data`, decoded
+    by the value type(s) `types`."""
+
+    def __init__(self, value: Any) -> None:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            self.types, self.parts = [9, 8], [list(v.encode()) for v in value]
+            self.data = list(range(len(value)))
+        elif isinstance(value, list):
+            element = 6 if any(isinstance(v, float) for v in value) else 5
+            self.types, self.parts = [9, element], [[v] for v in value]
+            self.data = list(range(len(value)))
+        else:
+            if isinstance(value, str):
+                self.types, self.parts = [8], [list(value.encode())]
+            else:  # bool before int: a bool is an int
+                kind = 7 if isinstance(value, bool) else 6 if isinstance(value, float) else 5
+                self.types, self.parts = [kind], [[value]]
+            self.data = [0]
+
+
+class _Tensor:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+# The tokenizer keys the config takes (token ids); the others hold the
+# vocabulary, merges and scores, of which it reads only the vocabulary's length
+# (its vocab_size where the architecture's keys give none).
+_CONFIG_TOKENIZER_KEYS = tuple(
+    f"tokenizer.ggml.{k}_token_id" for k in ("bos", "eos", "unknown", "padding")
+)
+_TOKENS = "tokenizer.ggml.tokens"
+
+
+class _HeaderReader:
+    """What transformers' legacy GGUF reader asks of gguf-py's `GGUFReader`
+    (`fields` and the tensors' names) for a config, from transformers' own fast
+    header reader: gguf-py builds a numpy view of every vocabulary and merge
+    entry, 7 s of a 128k-token file's first load, none of which a config reads."""
+
+    def __init__(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        from transformers.integrations.gguf.reader import read_gguf_metadata
+
+        metadata, names = read_gguf_metadata(str(path))
+        self.fields = {
+            key: _Field(value)
+            for key, value in metadata.items()
+            if not key.startswith("tokenizer.") or key in _CONFIG_TOKENIZER_KEYS
+        }
+        if _TOKENS in metadata:  # the fast reader gives a string array's length
+            self.fields[_TOKENS] = _Field([""] * int(metadata[_TOKENS]))
+        self.tensors = [_Tensor(name) for name in names]
+
+
+@contextmanager
+def _header_reader() -> Iterator[None]:
+    """transformers' legacy GGUF config path reading the header through
+    `_HeaderReader` while inside (where this transformers has the fast reader;
+    as it is otherwise). Not for use by two threads at once: it swaps
+    `gguf.GGUFReader`, which that path imports when called."""
+    import gguf
+
+    try:
+        from transformers.integrations.gguf.reader import read_gguf_metadata  # noqa: F401
+    except ImportError:
+        yield
+        return
+    original = gguf.GGUFReader
+    gguf.GGUFReader = _HeaderReader  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original  # type: ignore[misc]
 
 
 # Files beside a GGUF that AutoTokenizer reads to choose the tokenizer's class.
