@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.runner.test_native_decode import _decode_meta
+from tests.runner.test_native_decode import _decode_meta, _step_rows
 
 from sluiceway.config import EngineConfig
 from sluiceway.runner.attention import TorchAttention
@@ -259,11 +259,7 @@ def test_native_and_sdpa_read_a_quantized_cache_alike(name, query_lens):
     """Decode steps, decode rows inside a mixed step, and chunks that continue a
     cached context: the native kernel and the SDPA gathers, over one cache."""
     seq_lens = [37, 20, 9]
-    gen = torch.Generator().manual_seed(3)
-    tokens = sum(query_lens)
-    q = torch.randn(tokens, 9, 64, generator=gen).to(torch.bfloat16)
-    k = torch.randn(tokens, 3, 64, generator=gen).to(torch.bfloat16)
-    v = torch.randn(tokens, 3, 64, generator=gen).to(torch.bfloat16)
+    q, k, v = _step_rows(sum(query_lens), 9, 3, 64, seed=3)
     outs = {}
     for native in (True, False):
         cache, _, tables, _ = _quantized_case(name, 9, 3, 64, seq_lens, seed=4)

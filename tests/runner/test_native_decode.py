@@ -37,6 +37,15 @@ def _reference(q, key_cache, value_cache, tables, lens, scale, dtype=torch.bfloa
     return torch.stack(outs).to(dtype)
 
 
+def _step_rows(tokens: int, heads: int, kv_heads: int, dim: int, seed: int):
+    """A step's q `[tokens, heads, dim]`, k and v `[tokens, kv_heads, dim]`, bfloat16."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(tokens, heads, dim, generator=gen).to(torch.bfloat16)
+    k = torch.randn(tokens, kv_heads, dim, generator=gen).to(torch.bfloat16)
+    v = torch.randn(tokens, kv_heads, dim, generator=gen).to(torch.bfloat16)
+    return q, k, v
+
+
 def _case(heads, kv_heads, dim, lens, block_size=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     per_seq = max(-(-n // block_size) for n in lens) + 1  # one spare column, never read
@@ -154,11 +163,7 @@ def test_torch_attention_native_and_sdpa_decode_agree(query_lens):
     """All-decode steps and decode rows inside a mixed step (the `rows` path)."""
     seq_lens = [37, 20, 5]
     _, key_cache, value_cache, tables, _ = _case(9, 3, 64, seq_lens, seed=1)
-    gen = torch.Generator().manual_seed(2)
-    tokens = sum(query_lens)
-    q = torch.randn(tokens, 9, 64, generator=gen).to(torch.bfloat16)
-    k = torch.randn(tokens, 3, 64, generator=gen).to(torch.bfloat16)
-    v = torch.randn(tokens, 3, 64, generator=gen).to(torch.bfloat16)
+    q, k, v = _step_rows(sum(query_lens), 9, 3, 64, seed=2)
     outs = {}
     for native in (True, False):
         cache = KVCache([key_cache.clone()], [value_cache.clone()], block_size=16)
@@ -229,10 +234,7 @@ def test_heads_beyond_the_kernel_fall_back_to_sdpa_for_good():
     switches to SDPA (and stays there) instead of failing the step."""
     seq_lens = [21, 6]
     _, key_cache, value_cache, tables, _ = _case(17, 1, 64, seq_lens, seed=4)
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(2, 17, 64, generator=gen).to(torch.bfloat16)
-    k = torch.randn(2, 1, 64, generator=gen).to(torch.bfloat16)
-    v = torch.randn(2, 1, 64, generator=gen).to(torch.bfloat16)
+    q, k, v = _step_rows(2, 17, 1, 64, seed=5)
     outs = {}
     for native in (True, False):
         cache = KVCache([key_cache.clone()], [value_cache.clone()], block_size=16)

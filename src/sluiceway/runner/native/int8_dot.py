@@ -116,6 +116,14 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))])
 
 
+def _scales_per_tile(values: torch.Tensor, tiles: int, groups: int) -> torch.Tensor:
+    """`[rows, groups]` scales (or offsets), padded with zero rows to whole tiles,
+    as the tiles hold them: for each tile and group its 16 rows' values side by
+    side, as bytes `[tiles, groups, 16 * itemsize]`."""
+    values = _pad_rows(values, tiles * TILE)
+    return values.view(tiles, TILE, groups).transpose(1, 2).contiguous().view(torch.uint8)
+
+
 def pack_int4_tiles(
     q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, scale_dtype: torch.dtype
 ) -> TiledWeight:
@@ -157,13 +165,11 @@ def pack_int4_nibble_tiles(
     words = _pad_rows(nibbles.contiguous(), tiles * TILE).view(torch.int32)
     # (tile, row, group, piece) -> (tile, group, piece, row), 4 bytes each
     pieces = words.view(tiles, TILE, groups, 4).permute(0, 2, 3, 1).contiguous()
-
-    def per_tile(values: torch.Tensor) -> torch.Tensor:
-        values = _pad_rows(values.to(scale_dtype), tiles * TILE)
-        return values.view(tiles, TILE, groups).transpose(1, 2).contiguous().view(torch.uint8)
-
     codes = pieces.view(torch.uint8).view(tiles, groups, 256)
-    parts = [codes, per_tile(scales)] + ([] if offsets is None else [per_tile(offsets)])
+    parts = [codes] + [
+        _scales_per_tile(values.to(scale_dtype), tiles, groups)
+        for values in ([scales] if offsets is None else [scales, offsets])
+    ]
     data = torch.cat(parts, dim=2)
     return TiledWeight(
         data=data.reshape(tiles, -1),
@@ -281,8 +287,7 @@ def pack_int8_block_tiles(q: torch.Tensor, scales: torch.Tensor) -> TiledWeight:
     codes = (
         biased.view(tiles, TILE, blocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(tiles, blocks, 512)
     )
-    block_scales = _pad_rows(scales, tiles * TILE).view(tiles, TILE, blocks).transpose(1, 2)
-    data = torch.cat([codes, block_scales.contiguous().view(torch.uint8)], dim=2)
+    data = torch.cat([codes, _scales_per_tile(scales, tiles, blocks)], dim=2)
     return TiledWeight(
         data=data.reshape(tiles, -1),
         bits=8,
